@@ -1,0 +1,129 @@
+"""Model sizes and objective settings as frozen dataclasses (SPEC sections 1, 3 and 5).
+
+The jobs fill these from `platform/` YAML; `model/` itself only needs the dataclasses, so it runs
+with plain torch on a GPU machine that has no YAML, Ray or MLflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """One Transformer encoder: the main encoder or the auxiliary model."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    ffn_size: int
+    embedding_size: int  # width of the shared token embeddings; != hidden_size only for electra_aux
+    max_positions: int = 512
+    relative_position: bool = True  # False for the no_rel_pos ablation
+    rel_pos_buckets: int = 32
+    rel_pos_max_distance: int = 128
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-5
+    pad_token_id: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Main encoder plus auxiliary ("generator") model. The auxiliary shares width, FFN and heads
+    with the main encoder unless `aux_width_divisor` shrinks it (ELECTRA's auxiliary)."""
+
+    vocab_size: int = 32768
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    ffn_size: int = 3072
+    aux_layers: int | None = 4  # None: as deep as the main encoder (ELECTRA's auxiliary)
+    aux_width_divisor: int = 1  # 3 gives ELECTRA's 1/3-width auxiliary, joined to the embeddings by a projection
+    max_positions: int = 512
+    relative_position: bool = True
+    rel_pos_buckets: int = 32
+    rel_pos_max_distance: int = 128
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-5
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name, width, heads in (("main", self.hidden_size, self.num_heads), ("aux", *self._aux_width_heads())):
+            if width % heads:
+                raise ValueError(f"{name} hidden size {width} is not divisible by its {heads} heads")
+
+    def _aux_width_heads(self) -> tuple[int, int]:
+        d = self.aux_width_divisor
+        return self.hidden_size // d, max(1, self.num_heads // d)
+
+    def _encoder(self, **sizes: int) -> EncoderConfig:
+        shared = {f.name: getattr(self, f.name) for f in fields(EncoderConfig) if hasattr(self, f.name)}
+        return EncoderConfig(**{**shared, "embedding_size": self.hidden_size, **sizes})
+
+    @property
+    def main(self) -> EncoderConfig:
+        return self._encoder()
+
+    @property
+    def aux(self) -> EncoderConfig:
+        width, heads = self._aux_width_heads()
+        return self._encoder(
+            hidden_size=width, num_heads=heads, ffn_size=self.ffn_size // self.aux_width_divisor,
+            num_layers=self.num_layers if self.aux_layers is None else self.aux_layers,
+        )
+
+
+# Paper sizes (SPEC sections 1 and 5) plus two small ones for one GPU / a CPU and for tests.
+SIZES: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(vocab_size=4000, hidden_size=64, num_layers=2, num_heads=2, ffn_size=256, aux_layers=1),
+    "small": ModelConfig(vocab_size=32768, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, aux_layers=4),
+    "base": ModelConfig(),
+    "base++": ModelConfig(vocab_size=64000, rel_pos_buckets=64),
+    "large++": ModelConfig(
+        vocab_size=64000, hidden_size=1024, num_layers=24, num_heads=16, ffn_size=4096, aux_layers=6,
+        rel_pos_buckets=128, rel_pos_max_distance=256,
+    ),
+}
+
+
+def model_size(name: str, **overrides) -> ModelConfig:
+    """A named size with field overrides; unknown names and fields are errors that name them."""
+    if name not in SIZES:
+        raise ValueError(f"unknown model size {name!r}; choose one of {sorted(SIZES)}")
+    return replace(SIZES[name], **overrides)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Which loss parts run and how they are weighted (SPEC sections 3-4). Variants overlay this."""
+
+    aux_mlm_weight: float = 1.0
+    copy_weight: float = 50.0  # lambda_copy
+    lm_weight: float = 1.0
+    scl_weight: float = 1.0
+    scl_temperature: float = 1.0
+    scl_gather: bool = False  # gather SCL vectors from all data-parallel workers for more negatives
+    use_copy_loss: bool = True
+    use_lm: bool = True
+    use_scl: bool = True
+    lm_copy_mixture: bool = True  # False: clm_no_copy, LM at M with a plain softmax
+    lm_stop_gradient: bool = True  # False: clm_no_stopgrad, the LM loss also moves the copy head
+    lm_all_tokens: bool = False  # True: all_token_lm, LM on every real position
+    replacement: str = "auxiliary"  # auxiliary | random | none (roberta_mlm: the main encoder reads [MASK]s)
+    sample_in_eval: bool = True  # dropout-free no-grad sampling pass; False reuses the train-mode logits
+    freeze_aux: bool = False  # converged_aux: the auxiliary is loaded from a finished run and not trained
+
+    def __post_init__(self) -> None:
+        if self.replacement not in ("auxiliary", "random", "none"):
+            raise ValueError(f"objective.replacement must be auxiliary, random or none, not {self.replacement!r}")
+        if self.replacement != "none" and not (self.use_copy_loss or self.use_lm):
+            raise ValueError("a replaced-token objective needs the copy loss or the LM loss")
+        if self.use_lm and self.lm_copy_mixture and self.lm_stop_gradient and not self.use_copy_loss:
+            raise ValueError("with the copy mixture under stop-gradient and no copy loss, the copy head never learns")

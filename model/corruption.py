@@ -1,0 +1,135 @@
+"""Corruption maths (SPEC section 2): dynamic masking, the SCL crop window, replacement sampling.
+
+Masking and cropping run on the data side (the Ray Data stream calls `make_pretraining_batch`);
+replacement sampling runs on the model side because it needs the auxiliary model's logits.
+Every function is pure: randomness comes only from the `torch.Generator` passed in, so the same
+seed gives the same batch on any worker.
+
+The batch contract between the stream and the training loop (all tensors on CPU from the stream):
+
+    input_ids       (B, T)  int64  x_orig: [CLS] first, documents joined by [SEP], padded with [PAD]
+    attention_mask  (B, T)  bool   True on real tokens
+    masked_ids      (B, T)  int64  input_ids with [MASK] at the masked positions M
+    mask_positions  (B, T)  bool   M: never [CLS], never padding
+    crop_ids        (B, Tc) int64  [CLS] + a contiguous span of input_ids, Tc = int(crop_fraction * T)
+    crop_attention_mask (B, Tc) bool
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BATCH_KEYS = ("input_ids", "attention_mask", "masked_ids", "mask_positions", "crop_ids", "crop_attention_mask")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the special tokens; the tokenizer job writes them in this order, so these are the defaults."""
+
+    pad: int = 0
+    unk: int = 1
+    cls: int = 2
+    sep: int = 3
+    mask: int = 4
+
+
+def mask_count(length: torch.Tensor, rate: float, u: torch.Tensor) -> torch.Tensor:
+    """The paper's (fairseq's) count rule: int(rate * length + U[0,1)), so the expectation is exact."""
+    return (rate * length.to(torch.float64) + u.to(torch.float64)).floor().long()
+
+
+def choose_mask_positions(
+    input_ids: torch.Tensor,  # (B, T)
+    attention_mask: torch.Tensor,  # (B, T) bool
+    rate: float,
+    generator: torch.Generator | None = None,
+    cls_id: int = SpecialTokens.cls,
+) -> torch.Tensor:
+    """Pick `mask_count` positions per row uniformly without replacement among real, non-[CLS] tokens."""
+    batch, width = input_ids.shape
+    candidates = attention_mask & (input_ids != cls_id)  # (B, T)
+    lengths = attention_mask.sum(dim=1)  # (B,)
+    u = torch.rand(batch, generator=generator, dtype=torch.float64)
+    counts = torch.minimum(mask_count(lengths, rate, u), candidates.sum(dim=1))  # (B,)
+    # Rank positions by a random key; non-candidates get keys above every candidate's, so the first
+    # `count` ranks are a uniform sample of candidates without replacement.
+    keys = torch.rand(batch, width, generator=generator)
+    keys = torch.where(candidates, keys, torch.full_like(keys, 2.0))
+    ranks = keys.argsort(dim=1).argsort(dim=1)  # (B, T)
+    return ranks < counts[:, None]
+
+
+def apply_mask(input_ids: torch.Tensor, positions: torch.Tensor, mask_id: int = SpecialTokens.mask) -> torch.Tensor:
+    """Every chosen position becomes [MASK] (COCO-LM uses no 80/10/10 split)."""
+    return torch.where(positions, torch.full_like(input_ids, mask_id), input_ids)
+
+
+def crop_length(length: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Crop length int(fraction * length), counting the [CLS] it keeps; at least the [CLS] itself."""
+    return (fraction * length.to(torch.float64)).floor().long().clamp(min=1)
+
+
+def crop_window(
+    input_ids: torch.Tensor,  # (B, T)
+    attention_mask: torch.Tensor,  # (B, T) bool
+    fraction: float,
+    generator: torch.Generator | None = None,
+    pad_id: int = SpecialTokens.pad,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A contiguous span of the original sequence with a random start, [CLS] kept at its head.
+
+    Returns (crop_ids, crop_attention_mask), both (B, int(fraction * T)); rows shorter than the
+    block are cropped to int(fraction * length) and padded.
+    """
+    batch, width = input_ids.shape
+    crop_width = max(1, int(fraction * width))
+    lengths = attention_mask.sum(dim=1)  # (B,)
+    crop_lengths = crop_length(lengths, fraction)  # (B,) including [CLS]
+    # The span covers crop_length - 1 content tokens out of positions 1 .. length - 1.
+    starts_available = lengths - crop_lengths + 1  # number of valid start positions, >= 1
+    u = torch.rand(batch, generator=generator, dtype=torch.float64)
+    starts = 1 + (u * starts_available.to(torch.float64)).floor().long()  # (B,)
+    offsets = torch.arange(crop_width - 1)  # (Tc - 1,)
+    source = (starts[:, None] + offsets[None, :]).clamp(max=width - 1)  # (B, Tc - 1)
+    span = input_ids.gather(1, source)
+    crop_ids = torch.cat([input_ids[:, :1], span], dim=1)  # (B, Tc)
+    crop_attention_mask = torch.arange(crop_width)[None, :] < crop_lengths[:, None]  # (B, Tc)
+    crop_ids = torch.where(crop_attention_mask, crop_ids, torch.full_like(crop_ids, pad_id))
+    return crop_ids, crop_attention_mask
+
+
+def make_pretraining_batch(
+    input_ids: torch.Tensor,  # (B, T) packed blocks
+    mask_rate: float = 0.15,
+    crop_fraction: float = 0.9,
+    generator: torch.Generator | None = None,
+    special: SpecialTokens = SpecialTokens(),
+) -> dict[str, torch.Tensor]:
+    """Masked view and crop view of a batch of packed blocks: the batch contract in this module's doc."""
+    input_ids = input_ids.long()
+    attention_mask = input_ids != special.pad
+    positions = choose_mask_positions(input_ids, attention_mask, mask_rate, generator, special.cls)
+    crop_ids, crop_attention_mask = crop_window(input_ids, attention_mask, crop_fraction, generator, special.pad)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "masked_ids": apply_mask(input_ids, positions, special.mask),
+        "mask_positions": positions,
+        "crop_ids": crop_ids,
+        "crop_attention_mask": crop_attention_mask,
+    }
+
+
+def sample_replacements(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per masked position from softmax(logits) at temperature 1, computed in fp32. (N, V) -> (N,)"""
+    probs = torch.softmax(logits.float(), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def random_replacements(
+    count: int, vocab_size: int, device: torch.device, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The `random_replace` ablation: uniform tokens over the vocabulary instead of auxiliary samples."""
+    return torch.randint(0, vocab_size, (count,), device=device, generator=generator)

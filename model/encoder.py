@@ -1,0 +1,110 @@
+"""The Transformer encoder used for both the main encoder and the auxiliary model (SPEC section 1).
+
+BERT-style: post-LayerNorm residual blocks, exact GELU, learned absolute positions plus the
+relative position bias, no token types. The auxiliary model receives the main encoder's
+`Embeddings` module, so token embeddings, absolute positions and the embedding LayerNorm are
+shared as in the authors' code; ELECTRA's narrower auxiliary reaches them through a projection.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import RelativePositionBias, SelfAttention, attention_bias
+from .config import EncoderConfig
+
+
+def init_weights(module: nn.Module) -> None:
+    """N(0, 0.02) weights, zero biases, unit LayerNorms: BERT's initialisation."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class Embeddings(nn.Module):
+    """Token plus absolute position embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.embedding_size)
+        self.positions = nn.Embedding(cfg.max_positions, cfg.embedding_size)
+        self.norm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        if seq_len > self.positions.num_embeddings:
+            raise ValueError(f"sequence length {seq_len} exceeds max_positions {self.positions.num_embeddings}")
+        positions = torch.arange(seq_len, device=input_ids.device)
+        x = self.tokens(input_ids) + self.positions(positions)[None]  # (B, T, E)
+        return self.dropout(self.norm(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size)
+        self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))  # exact (erf) GELU
+
+
+class TransformerLayer(nn.Module):
+    """Post-LN block: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x)))."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.attention = SelfAttention(cfg)
+        self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, bias)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+class Encoder(nn.Module):
+    """Embeddings -> layers, returning the last hidden states (B, T, H).
+
+    Pass `embeddings` to share another encoder's (the auxiliary model does); otherwise the encoder
+    owns a fresh set.
+    """
+
+    def __init__(self, cfg: EncoderConfig, embeddings: Embeddings | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = embeddings if embeddings is not None else Embeddings(cfg)
+        self.embedding_projection = (
+            nn.Linear(cfg.embedding_size, cfg.hidden_size) if cfg.embedding_size != cfg.hidden_size else None
+        )
+        self.relative_bias = RelativePositionBias(cfg) if cfg.relative_position else None
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+        for name, child in self.named_children():
+            if not (name == "embeddings" and embeddings is not None):  # never re-initialise shared weights
+                child.apply(init_weights)
+
+    def set_attention(self, implementation: str) -> None:
+        """'sdpa' (default) or 'reference' (the written-out softmax the tests compare against)."""
+        for layer in self.layers:
+            layer.attention.implementation = implementation
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attention_mask is None:
+            attention_mask = input_ids != self.cfg.pad_token_id
+        x = self.embeddings(input_ids)  # (B, T, E)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)  # (B, T, H)
+        position_bias = self.relative_bias(input_ids.shape[1]) if self.relative_bias is not None else None
+        bias = attention_bias(attention_mask.bool(), position_bias, x.dtype)  # (B, h or 1, T, T)
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x

@@ -1,0 +1,31 @@
+"""Export the main encoder so `transformers.AutoModel.from_pretrained(dir, trust_remote_code=True)` loads it.
+
+The directory holds config.json (with `auto_map`), model.safetensors, and the source of
+`hf_modeling.py` and the modules it imports: loading needs no network and no copy of this repository.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from .encoder import Encoder
+
+
+def export_encoder(encoder: Encoder, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+    """Write the encoder (and, if given, the tokenizer files) as a transformers model directory."""
+    from .hf_configuration import COCOLMConfig  # transformers is heavy: imported only here
+    from .hf_modeling import COCOLMModel
+
+    out = Path(out_dir)
+    COCOLMConfig.register_for_auto_class()
+    COCOLMModel.register_for_auto_class("AutoModel")
+    hf_model = COCOLMModel(COCOLMConfig(**asdict(encoder.cfg)))
+    hf_model.encoder.load_state_dict(encoder.state_dict())
+    hf_model.save_pretrained(out)
+    if tokenizer_dir is not None:
+        for item in Path(tokenizer_dir).iterdir():
+            if item.is_file() and not (out / item.name).exists():
+                shutil.copy2(item, out / item.name)
+    return out

@@ -1,0 +1,112 @@
+"""COCO-LM's loss parts as pure functions (SPEC section 3). The tests recompute each one independently."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# (local vectors (n, H)) -> (vectors of every worker (n * world, H), index of the local slice's first row)
+Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy at the masked positions. (N, V), (N,) -> ()"""
+    return F.cross_entropy(logits.float(), targets)
+
+
+def copy_loss(copy_logits: torch.Tensor, is_original: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """L_copy: BCE with target 1 where x_mlm == x_orig, 0 where replaced, mean over real positions. (B, T) -> ()"""
+    logits = copy_logits[attention_mask].float()  # (N_real,)
+    return F.binary_cross_entropy_with_logits(logits, is_original[attention_mask].float())
+
+
+def lm_log_probs(
+    lm_logits: torch.Tensor,  # (N, V) at the LM positions
+    copy_logits: torch.Tensor,  # (N,) copy head logits at the same positions
+    corrupted: torch.Tensor,  # (N,) x_mlm at those positions
+    copy_mixture: bool = True,
+    stop_gradient: bool = True,
+) -> torch.Tensor:
+    """log p_LM(v) for every v, (N, V):
+    p_LM(v) = 1[v == x_mlm] * sg(p_copy(1|h)) + sg(p_copy(0|h)) * softmax(lm_logits)[v], in log space."""
+    log_softmax = torch.log_softmax(lm_logits.float(), dim=-1)
+    if not copy_mixture:  # clm_no_copy: a plain softmax
+        return log_softmax
+    c = copy_logits.float().detach() if stop_gradient else copy_logits.float()
+    generate = F.logsigmoid(-c)[:, None] + log_softmax  # log p_copy(0) + log softmax(v)
+    copy = torch.full_like(generate, float("-inf")).scatter(1, corrupted[:, None], F.logsigmoid(c)[:, None])
+    return torch.logaddexp(generate, copy)
+
+
+def lm_loss(
+    lm_logits: torch.Tensor,  # (N, V)
+    copy_logits: torch.Tensor,  # (N,)
+    corrupted: torch.Tensor,  # (N,) x_mlm
+    targets: torch.Tensor,  # (N,) x_orig
+    copy_mixture: bool = True,
+    stop_gradient: bool = True,
+) -> torch.Tensor:
+    """L_LM = mean of -log p_LM(x_orig) over the LM positions, through the copy mixture in log space.
+
+    Only the target's entry is needed, so this avoids the (N, V) mixture that `lm_log_probs` builds.
+    """
+    log_softmax = torch.log_softmax(lm_logits.float(), dim=-1)
+    log_target = log_softmax.gather(1, targets[:, None]).squeeze(1)  # (N,)
+    if not copy_mixture:
+        return -log_target.mean()
+    c = copy_logits.float().detach() if stop_gradient else copy_logits.float()
+    generate = F.logsigmoid(-c) + log_target
+    # Where the input already holds the original token, the copy branch adds p_copy(1).
+    log_p = torch.where(corrupted == targets, torch.logaddexp(F.logsigmoid(c), generate), generate)
+    return -log_p.mean()
+
+
+def all_gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every data-parallel worker's rows; gradients flow through the local slice only."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x.detach().contiguous())
+    gathered[rank] = x
+    return torch.cat(gathered), rank * x.shape[0]
+
+
+def scl_logits(
+    s_a: torch.Tensor, s_b: torch.Tensor, temperature: float = 1.0, gather: Gather | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine similarities / tau of the 2n local views against all views, self excluded, and each view's positive.
+
+    Returns (logits (2n, 2m) with -inf on self, positive index (2n,)), m = n * world (n without gather).
+    """
+    a, b = F.normalize(s_a.float(), dim=-1), F.normalize(s_b.float(), dim=-1)  # (n, H)
+    n = a.shape[0]
+    a_all, offset = gather(a) if gather else (a, 0)
+    b_all, _ = gather(b) if gather else (b, 0)
+    m = a_all.shape[0]
+    queries = torch.cat([a, b])  # (2n, H): local views
+    keys = torch.cat([a_all, b_all])  # (2m, H)
+    logits = queries @ keys.T / temperature  # (2n, 2m)
+    local = torch.arange(n, device=a.device) + offset
+    self_index = torch.cat([local, local + m])
+    positive = torch.cat([local + m, local])  # a_i's partner is b_i and vice versa
+    logits = logits.index_put((torch.arange(2 * n, device=a.device), self_index), torch.tensor(float("-inf"), device=a.device))
+    return logits, positive
+
+
+def scl_loss(s_a: torch.Tensor, s_b: torch.Tensor, temperature: float = 1.0, gather: Gather | None = None) -> torch.Tensor:
+    """Symmetric contrastive loss: each of the 2n views against its partner and 2m - 2 negatives."""
+    logits, positive = scl_logits(s_a, s_b, temperature, gather)
+    return F.cross_entropy(logits, positive)
+
+
+def scl_cosines(s_a: torch.Tensor, s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cosine of positive pairs and of negative pairs (the 2n - 2 others), local views only (Fig. 7a/b)."""
+    z = F.normalize(torch.cat([s_a, s_b]).float(), dim=-1)  # (2n, H)
+    n = s_a.shape[0]
+    cos = z @ z.T  # (2n, 2n)
+    positive = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    is_negative = ~torch.eye(2 * n, dtype=torch.bool, device=z.device)
+    is_negative[torch.arange(2 * n, device=z.device), positive] = False
+    return cos.gather(1, positive[:, None]).mean(), cos[is_negative].mean()

@@ -1,0 +1,206 @@
+"""The COCO-LM pretraining objective: one module that receives the auxiliary model and the main encoder.
+
+Per batch (SPEC sections 2-3): the auxiliary's train-mode pass gives L_aux_MLM; a dropout-free,
+no-grad pass samples replacements at the masked positions M (x_mlm); the main encoder reads x_mlm
+and is trained by the copy loss on every real position, the LM loss at M through the copy mixture,
+and SCL between x_mlm and the crop view. Variants switch parts off through `ObjectiveConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import nn
+
+from . import losses
+from .config import ModelConfig, ObjectiveConfig
+from .corruption import random_replacements, sample_replacements
+from .encoder import Encoder
+from .heads import CLMHead, CopyHead, MLMHead, SCLHead
+
+
+class AuxiliaryModel(nn.Module):
+    """The shallow auxiliary ("generator"): an encoder sharing the main embeddings, plus its MLM head."""
+
+    def __init__(self, encoder: Encoder):
+        super().__init__()
+        self.encoder = encoder
+        self.mlm_head = MLMHead(encoder.cfg.hidden_size, encoder.embeddings.tokens, encoder.cfg.layer_norm_eps)
+
+    def forward(self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """MLM logits at the masked positions only: (N_masked, V)."""
+        h = self.encoder(masked_ids, attention_mask)  # (B, T, H_aux)
+        return self.mlm_head(h[positions])
+
+
+def _mean(values: torch.Tensor) -> torch.Tensor:
+    """Mean of a possibly empty selection: NaN when empty, so an absent signal is never read as 0."""
+    return values.float().mean() if values.numel() else values.new_tensor(float("nan"), dtype=torch.float32)
+
+
+@dataclass
+class PretrainingOutput:
+    """Total loss, every loss part (attached to the graph, so each one's gradient can be taken) and,
+    computed without gradient, the signals the paper plots.
+
+    Parts a variant does not compute are None; accuracies over an empty set are NaN.
+    """
+
+    loss: torch.Tensor
+    aux_mlm_loss: torch.Tensor | None = None
+    copy_loss: torch.Tensor | None = None
+    lm_loss: torch.Tensor | None = None
+    clm_loss: torch.Tensor | None = None
+    scl_loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None  # roberta_mlm's plain MLM on the main encoder
+    aux_mlm_accuracy: torch.Tensor | None = None
+    copy_accuracy_replaced: torch.Tensor | None = None
+    copy_accuracy_original: torch.Tensor | None = None
+    lm_accuracy_replaced: torch.Tensor | None = None
+    lm_accuracy_original: torch.Tensor | None = None
+    mlm_accuracy: torch.Tensor | None = None
+    scl_positive_cosine: torch.Tensor | None = None
+    scl_negative_cosine: torch.Tensor | None = None
+    replaced_fraction: torch.Tensor | None = None  # replaced tokens / masked tokens
+
+    def metrics(self) -> dict[str, float]:
+        """Every computed value as a float (one device sync), for logging; NaNs left out."""
+        present = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        values = torch.stack([v.detach().float().reshape(()) for v in present.values()]).tolist()
+        return {name: value for name, value in zip(present, values) if value == value}
+
+
+class PretrainingObjective(nn.Module):
+    """COCO-LM (and every ablation of SPEC section 4) as one module.
+
+    `main` is the encoder users keep; `aux` is None for variants that need no auxiliary
+    (random_replace, roberta_mlm). The heads on the main encoder live here.
+    """
+
+    def __init__(self, main: Encoder, aux: AuxiliaryModel | None, cfg: ObjectiveConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.main = main
+        self.aux = aux
+        hidden, tokens = main.cfg.hidden_size, main.embeddings.tokens
+        if cfg.replacement == "none":
+            self.mlm_head = MLMHead(hidden, tokens, main.cfg.layer_norm_eps)
+        else:
+            self.copy_head = CopyHead(hidden)
+            self.clm_head = CLMHead(tokens) if cfg.use_lm else None
+        self.scl_head = SCLHead(hidden, main.cfg.layer_norm_eps) if cfg.use_scl else None
+        if cfg.replacement == "auxiliary" and aux is None:
+            raise ValueError("replacement='auxiliary' needs an auxiliary model")
+        if aux is not None and cfg.freeze_aux:
+            aux.requires_grad_(False)
+
+    def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> PretrainingOutput:
+        if self.cfg.replacement == "none":
+            return self._roberta_mlm(batch)
+        out = PretrainingOutput(loss=torch.zeros((), device=batch["input_ids"].device))
+        corrupted = self._corrupt(batch, out, generator)  # x_mlm, (B, T)
+        h = self.main(corrupted, batch["attention_mask"])  # (B, T, H)
+        self._clm(batch, corrupted, h, out)
+        if self.scl_head is not None:
+            self._scl(batch, h, out)
+        return out
+
+    def _corrupt(
+        self, batch: dict[str, torch.Tensor], out: PretrainingOutput, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """x_mlm: the masked positions filled with auxiliary samples (or uniform tokens); adds L_aux_MLM."""
+        x_orig, positions = batch["input_ids"], batch["mask_positions"]
+        targets = x_orig[positions]  # (N,)
+        if self.cfg.replacement == "random":
+            drawn = random_replacements(targets.numel(), self.main.cfg.vocab_size, x_orig.device, generator)
+        else:
+            drawn = self._aux_samples(batch, targets, out, generator)
+        out.replaced_fraction = _mean(drawn != targets)
+        return x_orig.masked_scatter(positions, drawn)
+
+    def _aux_samples(
+        self,
+        batch: dict[str, torch.Tensor],
+        targets: torch.Tensor,
+        out: PretrainingOutput,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        inputs = (batch["masked_ids"], batch["attention_mask"], batch["mask_positions"])
+        train_logits = None
+        if not self.cfg.freeze_aux:
+            train_logits = self.aux(*inputs)  # (N, V), dropout on
+            out.aux_mlm_loss = losses.mlm_loss(train_logits, targets)
+            out.loss = out.loss + self.cfg.aux_mlm_weight * out.aux_mlm_loss
+        with torch.no_grad():
+            if train_logits is None or self.cfg.sample_in_eval:
+                was_training = self.aux.training
+                self.aux.eval()  # the paper's dropout-free sampling pass
+                sample_logits = self.aux(*inputs)
+                self.aux.train(was_training)
+            else:
+                sample_logits = train_logits.detach()
+            out.aux_mlm_accuracy = _mean(sample_logits.argmax(-1) == targets)
+            return sample_replacements(sample_logits, generator)
+
+    def _clm(self, batch: dict[str, torch.Tensor], corrupted: torch.Tensor, h: torch.Tensor, out: PretrainingOutput) -> None:
+        """Copy loss on every real position and the LM loss at M (or everywhere for all_token_lm)."""
+        cfg, real = self.cfg, batch["attention_mask"]
+        x_orig = batch["input_ids"]
+        is_original = corrupted == x_orig  # a drawn token equal to the original counts as original
+        copy_logits = self.copy_head(h)  # (B, T)
+        clm = torch.zeros((), device=h.device)
+        if cfg.use_copy_loss:
+            out.copy_loss = losses.copy_loss(copy_logits, is_original, real)
+            clm = clm + cfg.copy_weight * out.copy_loss
+        with torch.no_grad():
+            predicted_original = copy_logits > 0
+            out.copy_accuracy_replaced = _mean(~predicted_original[real & ~is_original])
+            out.copy_accuracy_original = _mean(predicted_original[real & is_original])
+        if self.clm_head is not None:
+            where = real if cfg.lm_all_tokens else batch["mask_positions"]
+            lm_logits = self.clm_head(h[where])  # (N, V): vocabulary projection only where the LM loss is
+            args = (lm_logits, copy_logits[where], corrupted[where])
+            out.lm_loss = losses.lm_loss(*args, x_orig[where], cfg.lm_copy_mixture, cfg.lm_stop_gradient)
+            clm = clm + cfg.lm_weight * out.lm_loss
+            with torch.no_grad():
+                correct = losses.lm_log_probs(*args, cfg.lm_copy_mixture).argmax(-1) == x_orig[where]
+                out.lm_accuracy_replaced = _mean(correct[~is_original[where]])
+                out.lm_accuracy_original = _mean(correct[is_original[where]])
+        out.clm_loss = clm
+        out.loss = out.loss + clm
+
+    def _scl(self, batch: dict[str, torch.Tensor], h: torch.Tensor, out: PretrainingOutput) -> None:
+        """SCL between the x_mlm view (already encoded) and the crop view; gradients through both."""
+        h_crop = self.main(batch["crop_ids"], batch["crop_attention_mask"])  # (B, Tc, H)
+        s_mlm, s_crop = self.scl_head(h[:, 0]), self.scl_head(h_crop[:, 0])  # (B, H) from [CLS]
+        gather = losses.all_gather_with_grad if self.cfg.scl_gather and _distributed() else None
+        out.scl_loss = losses.scl_loss(s_mlm, s_crop, self.cfg.scl_temperature, gather)
+        out.loss = out.loss + self.cfg.scl_weight * out.scl_loss
+        with torch.no_grad():
+            out.scl_positive_cosine, out.scl_negative_cosine = losses.scl_cosines(s_mlm, s_crop)
+
+    def _roberta_mlm(self, batch: dict[str, torch.Tensor]) -> PretrainingOutput:
+        """Baseline: the main encoder reads the [MASK]ed input and is trained by plain MLM."""
+        positions, targets = batch["mask_positions"], batch["input_ids"][batch["mask_positions"]]
+        h = self.main(batch["masked_ids"], batch["attention_mask"])
+        logits = self.mlm_head(h[positions])  # (N, V)
+        loss = losses.mlm_loss(logits, targets)
+        with torch.no_grad():
+            accuracy = _mean(logits.argmax(-1) == targets)
+        return PretrainingOutput(loss=loss, mlm_loss=loss.detach(), mlm_accuracy=accuracy)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def build_pretraining_model(model_cfg: ModelConfig, objective_cfg: ObjectiveConfig) -> PretrainingObjective:
+    """Main encoder, the auxiliary sharing its embeddings (when the objective samples from one), the heads."""
+    main = Encoder(model_cfg.main)
+    aux = None
+    if objective_cfg.replacement == "auxiliary":
+        # A frozen (converged) auxiliary keeps embeddings of its own: shared ones would go on training.
+        shared = None if objective_cfg.freeze_aux else main.embeddings
+        aux = AuxiliaryModel(Encoder(model_cfg.aux, embeddings=shared))
+    return PretrainingObjective(main, aux, objective_cfg)

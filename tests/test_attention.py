@@ -1,0 +1,121 @@
+"""Relative position buckets and attention, checked against independent scalar computations (SPEC section 1)."""
+
+import math
+
+import pytest
+import torch
+
+from model import ModelConfig, relative_position_bucket
+from model.attention import attention_bias, reference_attention, sdpa_attention
+from model.encoder import Encoder
+
+
+def bucket_by_hand(d: int, num_buckets: int, max_distance: int) -> int:
+    """SPEC section 1 written for one integer, with math.ceil and max_distance - 1 as the authors have them."""
+    half = num_buckets // 2
+    exact = half // 2
+    n = abs(d)
+    if n < exact:
+        b = n
+    else:
+        b = min(half - 1, exact + math.ceil(math.log(n / exact) / math.log((max_distance - 1) / exact) * (half - 1 - exact)))
+    sign = (d > 0) - (d < 0)
+    return sign * b + half - 1
+
+
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (64, 128), (128, 256)])
+def test_bucket_ids_match_the_formula(num_buckets, max_distance):
+    d = torch.arange(-3 * max_distance, 3 * max_distance + 1)
+    ours = relative_position_bucket(d, num_buckets, max_distance)
+    expected = torch.tensor([bucket_by_hand(int(x), num_buckets, max_distance) for x in d])
+    assert ours.dtype == torch.long
+    assert torch.equal(ours, expected)
+    assert ours.min() == 0 and ours.max() == num_buckets - 2  # shifted ids 0 .. num_buckets - 2
+
+
+def test_bucket_known_values_base():
+    # base: 32 buckets, max distance 128 -> half 16, exact 8, zero offset 15.
+    d = torch.tensor([0, 1, -1, 7, 8, 9, -9, 20, 127, 128, 1000, -1000])
+    expected = torch.tensor([15, 16, 14, 22, 23, 24, 6, 26, 30, 30, 30, 0])
+    assert torch.equal(relative_position_bucket(d, 32, 128), expected)
+
+
+def test_ceil_and_max_distance_minus_one_matter():
+    """The details that separate the authors' function from T5's change real ids."""
+    d = range(1, 300)
+
+    def variant(rounding, denominator):
+        half, exact = 16, 8
+        out = []
+        for n in d:
+            b = n if n < exact else min(half - 1, exact + rounding(math.log(n / exact) / math.log(denominator / exact) * (half - 1 - exact)))
+            out.append(b + half - 1)
+        return out
+
+    ours = relative_position_bucket(torch.tensor(list(d)), 32, 128).tolist()
+    assert ours == variant(math.ceil, 127)
+    assert ours != variant(math.floor, 127)
+    assert ours != variant(math.ceil, 128)
+
+
+def test_bias_table_is_shared_by_all_layers():
+    enc = Encoder(ModelConfig(vocab_size=50, hidden_size=16, num_layers=3, num_heads=2, ffn_size=32).main)
+    tables = [name for name, _ in enc.named_parameters() if "relative_bias" in name]
+    assert tables == ["relative_bias.table.weight"]
+
+
+def test_sdpa_equals_written_out_attention_with_bias_and_padding():
+    torch.manual_seed(0)
+    batch, heads, seq, dim = 3, 2, 10, 8
+    q, k, v = (torch.randn(batch, heads, seq, dim, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(batch, seq, dtype=torch.bool)
+    mask[1, 6:] = False
+    mask[2, 3:] = False
+    table = torch.randn(32, heads, dtype=torch.float64)
+    rel = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]
+    position_bias = table[relative_position_bucket(rel, 32, 128)].permute(2, 0, 1)[None]  # (1, h, T, T)
+    bias = attention_bias(mask, position_bias, torch.float64)
+    fast = sdpa_attention(q, k, v, bias)
+    # Independent: per query, softmax over the real keys of (q.k / sqrt(d) + bias) with explicit loops over keys.
+    expected = torch.zeros_like(fast)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(seq):
+                keys = [j for j in range(seq) if mask[b, j]]
+                logits = torch.stack([q[b, h, i] @ k[b, h, j] / math.sqrt(dim) + position_bias[0, h, i, j] for j in keys])
+                weights = torch.softmax(logits, 0)
+                expected[b, h, i] = sum(w * v[b, h, j] for w, j in zip(weights, keys))
+    torch.testing.assert_close(fast, expected)
+    torch.testing.assert_close(reference_attention(q, k, v, bias), expected)
+
+
+@pytest.mark.parametrize("relative_position", [True, False])
+def test_encoder_sdpa_path_equals_reference_path(relative_position):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
+                      relative_position=relative_position).main
+    enc = Encoder(cfg).eval()
+    ids = torch.randint(5, 60, (3, 24))
+    ids[:, 0] = 2
+    ids[1, 15:] = 0
+    mask = ids != 0
+    fast = enc(ids, mask)
+    enc.set_attention("reference")
+    slow = enc(ids, mask)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    # Gradients agree too.
+    enc.set_attention("sdpa")
+    g_fast = torch.autograd.grad(enc(ids, mask)[mask].sum(), list(enc.parameters()))
+    enc.set_attention("reference")
+    g_slow = torch.autograd.grad(enc(ids, mask)[mask].sum(), list(enc.parameters()))
+    for a, b in zip(g_fast, g_slow):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_padding_does_not_change_real_positions():
+    torch.manual_seed(0)
+    enc = Encoder(ModelConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64).main).eval()
+    ids = torch.randint(5, 60, (1, 12))
+    ids[0, 0] = 2
+    padded = torch.cat([ids, torch.zeros(1, 5, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(ids)[0], enc(padded)[0, :12], atol=1e-5, rtol=1e-5)

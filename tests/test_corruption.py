@@ -1,0 +1,125 @@
+"""Masking, cropping and replacement sampling (SPEC section 2) against independent computations."""
+
+import math
+
+import pytest
+import torch
+
+from model.corruption import (
+    SpecialTokens,
+    apply_mask,
+    choose_mask_positions,
+    crop_window,
+    make_pretraining_batch,
+    mask_count,
+    random_replacements,
+    sample_replacements,
+)
+
+S = SpecialTokens()
+
+
+def blocks(lengths: list[int], width: int, seed: int = 0) -> torch.Tensor:
+    """Rows of random regular tokens, [CLS] first, padded to `width`."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(S.mask + 1, 500, (len(lengths), width), generator=g)
+    ids[:, 0] = S.cls
+    for row, n in enumerate(lengths):
+        ids[row, n:] = S.pad
+    return ids
+
+
+def test_mask_count_rule_by_hand():
+    lengths = torch.tensor([10, 10, 20, 7, 1])
+    u = torch.tensor([0.49, 0.51, 0.99, 0.0, 0.9])
+    # int(0.15 * len + u): 1.5+.49 -> 1; 1.5+.51 -> 2; 3+.99 -> 3; 1.05 -> 1; .15+.9 -> 1
+    assert mask_count(lengths, 0.15, u).tolist() == [1, 2, 3, 1, 1]
+
+
+def test_mask_counts_follow_the_rule_and_average_to_the_rate():
+    length = 10  # 0.15 * 10 = 1.5: every row masks 1 or 2, half of them each in expectation
+    ids = blocks([length] * 4000, length)
+    positions = choose_mask_positions(ids, ids != S.pad, 0.15, torch.Generator().manual_seed(1))
+    counts = positions.sum(1)
+    assert set(counts.tolist()) == {1, 2}
+    assert abs(counts.float().mean().item() - 1.5) < 0.05
+
+
+def test_masked_fraction_is_fifteen_percent_and_never_cls_or_padding():
+    lengths = [128] * 300 + [37] * 300 + [90] * 300
+    ids = blocks(lengths, 128)
+    real = ids != S.pad
+    positions = choose_mask_positions(ids, real, 0.15, torch.Generator().manual_seed(2))
+    assert not positions[:, 0].any()
+    assert not positions[~real].any()
+    assert not positions[ids == S.cls].any()
+    fraction = positions.sum().item() / real.sum().item()
+    assert abs(fraction - 0.15) < 0.003
+
+
+def test_positions_are_uniform_over_candidates():
+    ids = blocks([11] * 20000, 11)
+    positions = choose_mask_positions(ids, ids != S.pad, 0.15, torch.Generator().manual_seed(3))
+    per_position = positions.float().mean(0)
+    assert per_position[0] == 0
+    expected = positions.sum().item() / (20000 * 10)
+    assert torch.allclose(per_position[1:], torch.full((10,), expected), atol=0.01)
+
+
+def test_apply_mask_replaces_exactly_the_chosen_positions_with_mask():
+    ids = blocks([16, 12], 16)
+    positions = choose_mask_positions(ids, ids != S.pad, 0.3, torch.Generator().manual_seed(4))
+    masked = apply_mask(ids, positions, S.mask)
+    assert torch.equal(masked[positions], torch.full((int(positions.sum()),), S.mask))
+    assert torch.equal(masked[~positions], ids[~positions])
+
+
+@pytest.mark.parametrize("fraction", [0.7, 0.9, 1.0])
+def test_crop_keeps_cls_and_is_a_contiguous_span_of_the_right_length(fraction):
+    lengths = [64, 50, 9, 2, 1]
+    ids = blocks(lengths, 64)
+    crop_ids, crop_mask = crop_window(ids, ids != S.pad, fraction, torch.Generator().manual_seed(5))
+    assert crop_ids.shape == (len(lengths), int(fraction * 64))
+    for row, n in enumerate(lengths):
+        expected_len = max(1, int(fraction * n))
+        assert crop_mask[row].sum().item() == expected_len
+        crop = crop_ids[row, :expected_len].tolist()
+        assert crop[0] == S.cls
+        assert (crop_ids[row, expected_len:] == S.pad).all()
+        content, span = ids[row, 1:n].tolist(), crop[1:]
+        starts = [s for s in range(len(content) - len(span) + 1) if content[s : s + len(span)] == span]
+        assert starts, f"row {row}: crop is not a contiguous span of the original"
+
+
+def test_crop_start_is_random_over_all_valid_starts():
+    ids = blocks([20] * 4000, 20)  # crop length 18: 17 content tokens out of 19 -> 3 possible starts
+    ids[:, 1:] = torch.arange(1, 20) + 100  # distinct tokens reveal the start
+    crop_ids, _ = crop_window(ids, ids != S.pad, 0.9, torch.Generator().manual_seed(6))
+    starts = crop_ids[:, 1] - 101
+    counts = torch.bincount(starts, minlength=3)
+    assert counts.numel() == 3 and (counts > 1200).all()
+
+
+def test_make_pretraining_batch_is_seeded_and_follows_the_contract():
+    ids = blocks([32, 20], 32)
+    a = make_pretraining_batch(ids, generator=torch.Generator().manual_seed(7))
+    b = make_pretraining_batch(ids, generator=torch.Generator().manual_seed(7))
+    c = make_pretraining_batch(ids, generator=torch.Generator().manual_seed(8))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["mask_positions"], c["mask_positions"])
+    assert a["input_ids"].dtype == a["masked_ids"].dtype == a["crop_ids"].dtype == torch.int64
+    assert a["attention_mask"].dtype == a["mask_positions"].dtype == a["crop_attention_mask"].dtype == torch.bool
+    assert a["crop_ids"].shape == (2, int(0.9 * 32))
+
+
+def test_replacements_follow_the_softmax():
+    logits = torch.tensor([[0.0, math.log(3.0), -1e4]]).repeat(20000, 1)  # p = 1/4, 3/4, 0
+    drawn = sample_replacements(logits, torch.Generator().manual_seed(9))
+    freq = torch.bincount(drawn, minlength=3).float() / drawn.numel()
+    assert torch.allclose(freq, torch.tensor([0.25, 0.75, 0.0]), atol=0.015)
+
+
+def test_random_replacements_are_uniform():
+    drawn = random_replacements(50000, 10, torch.device("cpu"), torch.Generator().manual_seed(10))
+    freq = torch.bincount(drawn, minlength=10).float() / drawn.numel()
+    assert torch.allclose(freq, torch.full((10,), 0.1), atol=0.01)

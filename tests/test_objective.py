@@ -1,0 +1,136 @@
+"""The pretraining objective as a whole: gradient facts, counting rules, and every variant learning."""
+
+import pytest
+import torch
+
+from model import VARIANTS, ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size
+from model.corruption import SpecialTokens
+
+TINY = model_size("tiny", vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, max_positions=64)
+
+
+def fixed_batch(seed: int = 0, crop_fraction: float = 0.9) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(SpecialTokens.mask + 1, TINY.vocab_size, (6, 24), generator=g)
+    ids[:, 0] = SpecialTokens.cls
+    ids[4, 18:] = SpecialTokens.pad
+    return make_pretraining_batch(ids, crop_fraction=crop_fraction, generator=g)
+
+
+def build(variant_name: str = "cocolm", seed: int = 0):
+    torch.manual_seed(seed)
+    model_cfg, objective_cfg = VARIANTS[variant_name].apply(TINY, ObjectiveConfig())
+    return build_pretraining_model(model_cfg, objective_cfg)
+
+
+def grads(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    out = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(out, params)]
+
+
+def test_lm_loss_gives_the_copy_head_zero_gradient_and_copy_loss_does_not():
+    model = build()
+    out = model(fixed_batch(), torch.Generator().manual_seed(0))
+    copy_params = list(model.copy_head.parameters())
+    assert all(torch.count_nonzero(g) == 0 for g in grads(out.lm_loss, copy_params))
+    assert any(torch.count_nonzero(g) > 0 for g in grads(out.copy_loss, copy_params))
+
+
+def test_without_stop_gradient_the_lm_loss_moves_the_copy_head():
+    model = build("clm_no_stopgrad")
+    out = model(fixed_batch(), torch.Generator().manual_seed(0))
+    assert any(torch.count_nonzero(g) > 0 for g in grads(out.lm_loss, list(model.copy_head.parameters())))
+
+
+def test_main_losses_do_not_reach_the_auxiliary():
+    """Sampling is discrete: only L_aux_MLM trains the auxiliary's own layers and head."""
+    model = build()
+    out = model(fixed_batch(), torch.Generator().manual_seed(0))
+    shared = {id(p) for p in model.main.embeddings.parameters()}
+    aux_only = [p for p in model.aux.parameters() if id(p) not in shared]
+    main_losses = out.clm_loss + out.scl_loss
+    assert all(torch.count_nonzero(g) == 0 for g in grads(main_losses, aux_only))
+    assert any(torch.count_nonzero(g) > 0 for g in grads(out.aux_mlm_loss, aux_only))
+    # The shared token embeddings learn from both models.
+    tokens = [model.main.embeddings.tokens.weight]
+    assert torch.count_nonzero(grads(main_losses, tokens)[0]) > 0
+    assert torch.count_nonzero(grads(out.aux_mlm_loss, tokens)[0]) > 0
+
+
+def test_scl_gradient_flows_through_both_views():
+    model = build()
+    batch = fixed_batch()
+    h = model.main(batch["input_ids"], batch["attention_mask"])
+    h_crop = model.main(batch["crop_ids"], batch["crop_attention_mask"])
+    from model.losses import scl_loss
+
+    h.retain_grad()
+    h_crop.retain_grad()
+    scl_loss(model.scl_head(h[:, 0]), model.scl_head(h_crop[:, 0])).backward()
+    assert torch.count_nonzero(h.grad[:, 0]) > 0 and torch.count_nonzero(h_crop.grad[:, 0]) > 0
+
+
+def test_a_drawn_token_equal_to_the_original_counts_as_original():
+    model = build()
+    batch = fixed_batch()
+    same = torch.full_like(batch["input_ids"], 7)
+    same[:, 0] = SpecialTokens.cls
+    same[~batch["attention_mask"]] = SpecialTokens.pad
+    batch["input_ids"] = same
+    batch["masked_ids"] = torch.where(batch["mask_positions"], SpecialTokens.mask, same)
+    with torch.no_grad():
+        model.aux.mlm_head.bias[7] = 1e4  # the auxiliary now always draws the original token
+    out = model(batch, torch.Generator().manual_seed(0))
+    assert out.replaced_fraction.item() == 0.0
+    assert torch.isnan(out.copy_accuracy_replaced)  # no replaced token at all
+    model.eval()  # compare without dropout noise
+    out_eval = model(batch, torch.Generator().manual_seed(0))
+    real = batch["attention_mask"]
+    h = model.main(same, real)  # x_mlm == x_orig everywhere: every copy target is 1
+    target_all_original = torch.nn.functional.binary_cross_entropy_with_logits(model.copy_head(h)[real], torch.ones(int(real.sum())))
+    torch.testing.assert_close(out_eval.copy_loss, target_all_original)
+
+
+def test_sampling_pass_restores_train_mode_and_reports_every_signal():
+    model = build().train()
+    out = model(fixed_batch(), torch.Generator().manual_seed(0))
+    assert model.aux.training and model.main.training
+    for name in ["loss", "aux_mlm_loss", "copy_loss", "lm_loss", "clm_loss", "scl_loss", "aux_mlm_accuracy",
+                 "copy_accuracy_replaced", "copy_accuracy_original", "lm_accuracy_replaced",
+                 "lm_accuracy_original", "scl_positive_cosine", "scl_negative_cosine"]:
+        assert getattr(out, name) is not None, name  # NaN allowed: an empty set, e.g. no original at M
+    total = out.aux_mlm_loss + 50 * out.copy_loss + out.lm_loss + out.scl_loss
+    torch.testing.assert_close(out.loss, total)
+
+
+def test_the_same_generator_draws_the_same_replacements():
+    model = build().eval()
+    a = model(fixed_batch(), torch.Generator().manual_seed(3)).metrics()
+    b = model(fixed_batch(), torch.Generator().manual_seed(3)).metrics()
+    assert a == b
+
+
+def test_frozen_auxiliary_is_not_trained_and_does_not_freeze_the_main_embeddings():
+    model = build("converged_aux")
+    assert not any(p.requires_grad for p in model.aux.parameters())
+    assert all(p.requires_grad for p in model.main.parameters())
+    assert model.aux.encoder.embeddings is not model.main.embeddings
+    out = model(fixed_batch(), torch.Generator().manual_seed(0))
+    assert out.aux_mlm_loss is None and out.aux_mlm_accuracy is not None
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_variant_overfits_a_fixed_batch(name):
+    model = build(name)
+    batch = fixed_batch(crop_fraction=VARIANTS[name].data.get("crop_fraction", 0.9))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-6)
+    history = []
+    for step in range(50):
+        out = model(batch, torch.Generator().manual_seed(step))
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        history.append(out.loss.item())
+    first, last = sum(history[:5]) / 5, sum(history[-5:]) / 5
+    assert all(torch.isfinite(torch.tensor(history)))
+    assert last < 0.8 * first, f"{name}: {first:.3f} -> {last:.3f}"
