@@ -1,0 +1,1 @@
+"""Tracked MLflow runs -> pandas -> medians, paper-style tables and figures. Needs no torch."""
