@@ -1,0 +1,163 @@
+"""Resolved run configuration: a preset from `platform/presets/`, a variant, then `--set` overrides.
+
+One frozen dataclass per concept (model, objective, data, train, cluster). Every key is checked
+against the dataclass it lands in, so a typo is an error that names it instead of a silent default.
+Variants are defined once, in `model/variants.py` (the Ray-free GPU benchmark selects them there
+too); presets are YAML because they are what users copy and edit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from model import ModelConfig, ObjectiveConfig, model_size, variant
+
+from .stream import DataConfig
+
+PLATFORM = Path(__file__).resolve().parents[1] / "platform"
+PRESETS = PLATFORM / "presets"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and bookkeeping (SPEC section 5; defaults are the paper's base setting)."""
+
+    max_steps: int = 125_000
+    peak_lr: float = 5e-4
+    warmup_steps: int = 10_000
+    global_batch: int = 2048  # sequences per optimizer step over all workers; gradient accumulation of
+    #                           data.batch_size-sequence micro-batches makes up the rest
+    weight_decay: float = 0.01  # not on biases and LayerNorms
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-6
+    clip_norm: float = 2.0
+    bf16: bool = True  # autocast on GPU; CPU runs fp32
+    seed: int = 0
+    log_every: int = 100
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    max_failures: int = 3  # worker-group restarts from the last checkpoint before the run fails
+    aux_checkpoint: str = ""  # converged_aux: checkpoint dir of a finished run to take the auxiliary from
+    fail_once_at_step: int = 0  # fault injection: rank 0 dies once at this step (0 = never); used by tests
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Ray Train scaling. CPUs per worker are fractional so Ray Data keeps a CPU budget (DESIGN.md)."""
+
+    workers: int = 1
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 0.5
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    preset: str
+    variant: str
+    model: ModelConfig
+    objective: ObjectiveConfig
+    data: DataConfig
+    train: TrainConfig
+    cluster: ClusterConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys, as MLflow params and as `--set` takes them."""
+        out: dict[str, Any] = {"preset": self.preset, "variant": self.variant}
+        for section in SECTIONS:
+            for key, value in dataclasses.asdict(getattr(self, section)).items():
+                out[f"{section}.{key}"] = value
+        return out
+
+    def digest(self) -> str:
+        """Stable short hash of everything that shapes the run (names its Ray run and checkpoints)."""
+        return hashlib.sha256(json.dumps(self.flat(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "data": DataConfig, "train": TrainConfig,
+            "cluster": ClusterConfig}
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict[str, dict[str, Any]]:
+    path = PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {name!r}: no {path}; available: {available_presets()}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)}")
+    return {section: dict(raw.get(section) or {}) for section in SECTIONS}
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """`section.key=value` pairs (values read as YAML) -> {section: {key: value}}."""
+    out: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        section, dot, field_name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set {pair!r}: expected section.key=value, e.g. train.max_steps=40")
+        if section not in SECTIONS:
+            raise ValueError(f"--set {pair!r}: unknown section {section!r}; sections are {sorted(SECTIONS)}")
+        out[section][field_name] = yaml.safe_load(value)
+    return out
+
+
+def _coerce(cls: type, section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Check keys against the dataclass and coerce YAML scalars to the field's type (YAML reads 1e-3 as a string)."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; "
+                         f"known {section} keys: {sorted(known)}")
+    out = {}
+    for key, value in values.items():
+        default = known[key].default
+        if isinstance(default, tuple) and isinstance(value, list):
+            value = tuple(value)  # frozen configs hold tuples; YAML and JSON give lists
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"{section}.{key} must be true or false, not {value!r}")
+        elif isinstance(default, (int, float)) and value is not None:
+            try:
+                value = type(default)(float(value)) if isinstance(default, int) else float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{section}.{key} must be a number, not {value!r}") from None
+        out[key] = value
+    return out
+
+
+def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | None = None) -> PretrainConfig:
+    """Preset, then the variant's overlays, then the user's overrides: the user has the last word."""
+    layers = load_preset(preset)
+    chosen = variant(variant_name)
+    set_by_user = parse_overrides(overrides or [])
+    merged = {section: {**layers[section], **getattr(chosen, section, {}), **set_by_user[section]}
+              for section in SECTIONS}
+    size = merged["model"].pop("size", preset)
+    model_cfg = model_size(size, **_coerce(ModelConfig, "model", merged["model"]))
+    sections = {name: cls(**_coerce(cls, name, merged[name])) for name, cls in SECTIONS.items() if name != "model"}
+    return PretrainConfig(preset=preset, variant=variant_name, model=model_cfg, **sections)
+
+
+def with_vocab_size(cfg: PretrainConfig, vocab_size: int) -> PretrainConfig:
+    """The tokenizer decides the vocabulary: the model's embedding table follows it."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
+
+
+def to_yaml(cfg: PretrainConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,182 @@
+"""COCO-LM pretraining on Ray Train, tracked in MLflow, resumable.
+
+    python -m jobs.pretrain --preset tiny|small|base|base++|large++ --variant NAME [--set key.sub=value ...]
+        [--corpus PATH ...] [--tokenizer DIR] [--tracking-uri URI] [--storage URI] [--workers N]
+        [--gpus-per-worker G] [--name RUN_NAME] [--experiment NAME]
+
+With no cluster it starts a local Ray; under `ray job submit` it joins that cluster. Re-running
+the same command (same resolved config, or the same --name) resumes the run from its last
+checkpoint, in the same MLflow run; a finished run is reported and not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .env import init_ray, set_hermetic_env
+
+CHECKPOINT_TAG = "cocolm.checkpoint"
+
+
+@dataclass(frozen=True)
+class PretrainResult:
+    run_id: str
+    run_name: str
+    checkpoint: str  # directory (or URI) of the final checkpoint
+    tracking_uri: str
+    status: str  # FINISHED, or ALREADY_FINISHED when the command found its run done
+
+
+def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: str | None = None,
+        experiment: str = "pretraining") -> PretrainResult:
+    """Resolve, check, train, export. `cfg` is a `jobs.config.PretrainConfig` (vocab set from the tokenizer here)."""
+    set_hermetic_env()
+    from mlflow.tracking import MlflowClient
+
+    from . import tracking
+    from .config import with_vocab_size
+
+    tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    tracking.check_tracking(tracking_uri)  # before any compute is spent
+    storage = storage or tracking.default_storage()
+    init_ray()
+    from .stream import build_stream
+
+    stream = build_stream(cfg.data)
+    cfg = with_vocab_size(cfg, _vocab_size(stream.tokenizer_dir))
+    run_name = name or f"{cfg.preset}-{cfg.variant}-{cfg.digest()}"
+    client = MlflowClient(tracking_uri)
+    experiment_id = tracking.experiment_id(client, experiment, tracking_uri)
+    tags = {"preset": cfg.preset, "variant": cfg.variant, "git_commit": tracking.git_commit(), "kind": "pretraining"}
+    run_id, status = tracking.find_or_start_run(client, experiment_id, run_name, run_name, tags)
+    if status == "FINISHED":
+        done = client.get_run(run_id).data.tags.get(CHECKPOINT_TAG, "")
+        print(f"run {run_name} already finished (MLflow run {run_id}); checkpoint: {done}")
+        return PretrainResult(run_id, run_name, done, tracking_uri, "ALREADY_FINISHED")
+    _log_config(client, run_id, cfg)
+    print(f"MLflow run {run_id} ({'resuming' if status != 'NEW' else 'new'}) in experiment {experiment!r} "
+          f"at {tracking_uri}", flush=True)
+    try:
+        checkpoint = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
+        _finish(client, run_id, cfg, stream, checkpoint)
+    except BaseException:
+        tracking.end_run(client, run_id, ok=False)
+        raise
+    tracking.end_run(client, run_id, ok=True)
+    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint}\n"
+          f"open the UI:   mlflow ui --backend-store-uri {tracking_uri}   (then http://127.0.0.1:5000)")
+    return PretrainResult(run_id, run_name, checkpoint, tracking_uri, "FINISHED")
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).get_vocab_size()
+
+
+def _log_config(client, run_id: str, cfg) -> None:
+    from .config import to_yaml
+    from .tracking import log_params
+
+    log_params(client, run_id, cfg.flat())
+    client.log_text(run_id, to_yaml(cfg), "config.yaml")
+
+
+def _fit(cfg, stream, run_id: str, run_name: str, tracking_uri: str, storage: str) -> str:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from .train_loop import STOP_TAG, LoopContext, train_loop_per_worker
+
+    c = cfg.cluster
+    resources = {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.gpus_per_worker else {})}
+    marker = str(Path(storage) / run_name / "injected_failure") if cfg.train.fail_once_at_step else ""
+    ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), marker)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"cfg": cfg, "ctx": ctx},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=c.workers, use_gpu=c.gpus_per_worker > 0, resources_per_worker=resources
+        ),
+        run_config=ray.train.RunConfig(
+            name=run_name,  # the same name and storage resume from the latest checkpoint (Ray Train V2)
+            storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        ),
+        datasets={"train": stream.blocks},
+    )
+    result = trainer.fit()
+    from mlflow.tracking import MlflowClient
+
+    stopped = MlflowClient(tracking_uri).get_run(run_id).data.tags.get(STOP_TAG)
+    if stopped:
+        last = result.checkpoint.path if result.checkpoint else "none"
+        raise RuntimeError(f"pretraining stopped: {stopped}. Last good checkpoint: {last}")
+    if result.checkpoint is None:
+        raise RuntimeError(f"pretraining produced no checkpoint (Ray Train result: {result})")
+    return result.checkpoint.path
+
+
+def _finish(client, run_id: str, cfg, stream, checkpoint_path: str) -> None:
+    """Skipped-record counts, the exported encoder and the tokenizer as artifacts, the checkpoint as a tag."""
+    import ray.train
+
+    from model import build_pretraining_model
+    from model.export import export_encoder
+
+    from . import checkpoint
+    from .corpus import skip_summary
+
+    summary = skip_summary(stream.skips)
+    print(summary.format())
+    counts = {"corpus_documents": summary.documents, **{f"skipped_{k}": v for k, v in summary.skipped.items()}}
+    for key, value in counts.items():
+        client.log_metric(run_id, key, value)
+    model = build_pretraining_model(cfg.model, cfg.objective)
+    with ray.train.Checkpoint(checkpoint_path).as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
+        checkpoint.load(Path(directory), model, restore_rng=False)
+        export_encoder(model.main, Path(tmp) / "encoder", tokenizer_dir=stream.tokenizer_dir)
+        client.log_artifacts(run_id, str(Path(tmp) / "encoder"), "encoder")
+    client.log_artifacts(run_id, str(stream.tokenizer_dir), "tokenizer")
+    client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--variant", default="cocolm")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted config override, e.g. train.max_steps=40 (repeatable)")
+    parser.add_argument("--corpus", nargs="+", help="files, folders, globs or URIs (default: the shipped corpus)")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: one trained for the corpus, cached)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
+    parser.add_argument("--storage", help="checkpoint storage: local dir or s3:// gs:// URI (default: $COCOLM_HOME)")
+    parser.add_argument("--workers", type=int, help="Ray Train workers (sets cluster.workers)")
+    parser.add_argument("--gpus-per-worker", type=float, help="sets cluster.gpus_per_worker")
+    parser.add_argument("--name", help="run name (default: preset-variant-<config hash>); the same name resumes")
+    parser.add_argument("--experiment", default="pretraining", help="MLflow experiment")
+    return parser.parse_args(argv)
+
+
+def overrides_from_flags(args: argparse.Namespace) -> list[str]:
+    """The convenience flags are `--set` overrides under another name: one way to set each key."""
+    flags = {"data.paths": args.corpus, "data.tokenizer_dir": args.tokenizer, "cluster.workers": args.workers,
+             "cluster.gpus_per_worker": args.gpus_per_worker}
+    return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None] + args.overrides
+
+
+def main(argv: list[str] | None = None) -> PretrainResult:
+    args = parse_args(argv)
+    from .config import resolve
+
+    cfg = resolve(args.preset, args.variant, overrides_from_flags(args))
+    return run(cfg, args.tracking_uri, args.storage, args.name, args.experiment)
+
+
+if __name__ == "__main__":
+    main()

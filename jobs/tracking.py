@@ -1,0 +1,98 @@
+"""MLflow for the platform: the embedded sqlite store, reachability checks, and resumable runs.
+
+The embedded default lives under $COCOLM_HOME (default ~/cocolm-ray), an absolute place on
+purpose: `ray job submit --working-dir .` runs the job from a temporary copy of the repository,
+so a store relative to the working directory would vanish with it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import RunStatus
+from mlflow.tracking import MlflowClient
+
+RUN_KEY_TAG = "cocolm.run_key"  # the Ray run name: the same command re-run finds its MLflow run by it
+
+
+def home() -> Path:
+    return Path(os.environ.get("COCOLM_HOME", "~/cocolm-ray")).expanduser().resolve()
+
+
+def default_tracking_uri() -> str:
+    return f"sqlite:///{home() / 'mlflow.db'}"
+
+
+def default_storage() -> str:
+    return str(home() / "ray_results")
+
+
+def check_tracking(uri: str, timeout: float = 5.0) -> None:
+    """Fail before any compute is spent if the tracking store cannot be reached."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
+                if response.status != 200:
+                    raise ConnectionError(f"HTTP {response.status}")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
+            raise ConnectionError(
+                f"MLflow tracking server {uri} is unreachable ({error}). Start it (see platform/mlflow/README.md) "
+                f"or pass --tracking-uri sqlite:///<path>/mlflow.db for a local store."
+            ) from None
+    elif uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def experiment_id(client: MlflowClient, name: str, tracking_uri: str) -> str:
+    """Get or create; a sqlite store gets an explicit artifact root beside the database (MLflow 3 wants one)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts" / name).as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def find_or_start_run(
+    client: MlflowClient, experiment: str, run_key: str, run_name: str, tags: dict[str, str]
+) -> tuple[str, str]:
+    """The run tagged with `run_key` if one exists, else a new one. Returns (run_id, its status)."""
+    existing = client.search_runs([experiment], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'", max_results=1)
+    if existing:
+        run = existing[0]
+        if run.info.status != "FINISHED":
+            client.update_run(run.info.run_id, status="RUNNING")
+        return run.info.run_id, run.info.status
+    run = client.create_run(experiment, run_name=run_name, tags={RUN_KEY_TAG: run_key, **tags})
+    return run.info.run_id, "NEW"
+
+
+def end_run(client: MlflowClient, run_id: str, ok: bool) -> None:
+    client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED))
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    """All params in batches of 100 (MLflow's limit); re-logging an identical value on resume is allowed."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)) for k, v in params.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100])
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """The commit of the code being run; under `ray job submit` the copy has no .git, so the driver's env is tried."""
+    if os.environ.get("COCOLM_GIT_COMMIT"):
+        return os.environ["COCOLM_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo or Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"

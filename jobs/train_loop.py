@@ -1,0 +1,244 @@
+"""The per-worker pretraining loop: plain PyTorch, run by Ray Train's TorchTrainer at any world size.
+
+Ray is touched only through `get_context`, `get_checkpoint`, `get_dataset_shard`, `prepare_model`
+and `report` (at checkpoints: `report` is a barrier, so every rank calls it the same number of
+times). Rank 0 alone logs to MLflow and prints progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray.train
+import ray.train.torch
+import torch
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from model import PretrainingObjective, build_pretraining_model
+from model.flops import device_peak_flops, step_flops
+
+from . import checkpoint
+from .checkpoint import TrainState
+from .config import PretrainConfig, to_yaml
+from .stream import pretraining_batches
+
+STOP_TAG = "cocolm.stopped"  # set on the MLflow run when the loop stops itself (non-finite loss)
+
+
+@dataclass(frozen=True)
+class LoopContext:
+    """What the driver hands every worker besides the config."""
+
+    run_id: str
+    tracking_uri: str
+    tokenizer_dir: str
+    failure_marker: str = ""  # file whose existence means the injected failure already happened
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weight matrices only: never on biases and LayerNorms (the 1-D parameters), nor on
+    the relative position bias table, which is a bias however it is stored."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "relative_bias" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_linear_decay(warmup: int, total: int):
+    """LR multiplier: linear warm-up to the peak over `warmup` steps, then linear decay to 0 at `total`."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return factor
+
+
+def build_training(cfg: PretrainConfig) -> tuple[PretrainingObjective, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    model = build_pretraining_model(cfg.model, cfg.objective)
+    if cfg.objective.freeze_aux:
+        if not cfg.train.aux_checkpoint:
+            raise ValueError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
+        checkpoint.load_auxiliary(Path(cfg.train.aux_checkpoint), model.aux)
+    t = cfg.train
+    optimizer = torch.optim.AdamW(
+        param_groups(model, t.weight_decay), lr=t.peak_lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
+        fused=torch.cuda.is_available(),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(t.warmup_steps, t.max_steps))
+    return model, optimizer, scheduler
+
+
+def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
+    per_pass = cfg.data.batch_size * world_size
+    if cfg.train.global_batch % per_pass:
+        raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of data.batch_size x workers "
+                         f"= {cfg.data.batch_size} x {world_size}")
+    return cfg.train.global_batch // per_pass
+
+
+@dataclass
+class Interval:
+    """Sums over one log interval, turned into means and rates when logged."""
+
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    micro_batches: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def means(self) -> dict[str, float]:
+        return {key: self.sums[key] / self.counts[key] for key in self.sums}
+
+
+class Logger:
+    """Rank 0's MLflow client and progress line; a no-op elsewhere."""
+
+    def __init__(self, ctx: LoopContext, cfg: PretrainConfig, rank: int, world_size: int, device: torch.device):
+        self.enabled = rank == 0
+        self.client = MlflowClient(ctx.tracking_uri) if self.enabled else None
+        self.run_id, self.cfg, self.world_size, self.device = ctx.run_id, cfg, world_size, device
+        self.flops = step_flops(cfg.model, cfg.objective, cfg.data.seq_len, cfg.train.global_batch,
+                                cfg.data.mask_rate, cfg.data.crop_fraction)
+        peak = device_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        self.peak = peak * world_size if peak else None
+
+    def log(self, state: TrainState, interval: Interval, lr: float, grad_norm: float) -> None:
+        if not self.enabled:
+            return
+        seconds = time.perf_counter() - interval.started
+        step_seconds = seconds / max(1, interval.steps)
+        tokens = interval.steps * self.cfg.train.global_batch * self.cfg.data.seq_len
+        hours_key = "gpu_hours" if self.device.type == "cuda" else "cpu_worker_hours"
+        metrics = {**interval.means(), "learning_rate": lr, "grad_norm": grad_norm,
+                   "tokens_per_second": tokens / seconds, hours_key: state.device_hours}
+        if self.peak:
+            metrics["mfu"] = self.flops / step_seconds / self.peak
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, state.step) for k, v in metrics.items()])
+        left = (self.cfg.train.max_steps - state.step) * step_seconds
+        print(f"step {state.step}/{self.cfg.train.max_steps} | loss {metrics['loss']:.3f} | "
+              + " ".join(f"{k.removesuffix('_loss')} {metrics[k]:.3f}" for k in
+                         ("aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss") if k in metrics)
+              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {_duration(left)} left", flush=True)
+
+    def stop(self, reason: str) -> None:
+        if self.enabled:
+            self.client.set_tag(self.run_id, STOP_TAG, reason)
+            print(f"STOPPED: {reason}", flush=True)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def save_and_report(model, optimizer, scheduler, state: TrainState, cfg: PretrainConfig, ctx: LoopContext,
+                    rank: int) -> None:
+    """Rank 0 writes the checkpoint; every rank reports (report is a barrier)."""
+    metrics = {"step": state.step, "tokens_seen": state.tokens_seen}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = None
+        if rank == 0:
+            checkpoint.save(Path(tmp), model, optimizer, scheduler, state, to_yaml(cfg), ctx.tokenizer_dir)
+            ckpt = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_step_{state.step:08d}")
+
+
+def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainState, rank: int) -> None:
+    """Fault injection for the recovery test: rank 0's process dies once, like a lost node would."""
+    if rank == 0 and cfg.train.fail_once_at_step and state.step == cfg.train.fail_once_at_step:
+        marker = Path(ctx.failure_marker)
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"worker killed at step {state.step}\n")
+            print(f"injected failure: killing rank 0 at step {state.step}", flush=True)
+            os._exit(1)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    cfg: PretrainConfig = config["cfg"]
+    ctx: LoopContext = config["ctx"]
+    train_ctx = ray.train.get_context()
+    rank, world_size = train_ctx.get_world_rank(), train_ctx.get_world_size()
+    torch.manual_seed(cfg.train.seed + rank)
+    device = ray.train.torch.get_device()
+
+    model, optimizer, scheduler = build_training(cfg)
+    state = TrainState()
+    resumed = ray.train.get_checkpoint()
+    if resumed:
+        with resumed.as_directory() as directory:
+            state = checkpoint.load(Path(directory), model, optimizer, scheduler)
+        if rank == 0:
+            print(f"resumed from {resumed.path} at step {state.step}", flush=True)
+    wrapped = ray.train.torch.prepare_model(model)  # to device; DDP when world_size > 1
+    optimizer_to(optimizer, device)
+    accumulation = accumulation_steps(cfg, world_size)
+    logger = Logger(ctx, cfg, rank, world_size, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.train.bf16)
+    shard = ray.train.get_dataset_shard("train")
+    interval, micro, last_step_time = Interval(), 0, time.perf_counter()
+    gpus = world_size * (1 if device.type == "cuda" else 0)
+
+    while state.step < cfg.train.max_steps:
+        skip = state.batches_in_epoch  # resume mid-epoch: pass over what the checkpoint already consumed
+        for index, batch in enumerate(pretraining_batches(shard, cfg.data, state.epoch, drop_last=True)):
+            if index < skip:
+                continue
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            micro += 1
+            sync = micro % accumulation == 0
+            no_sync = getattr(wrapped, "no_sync", None)
+            with (contextlib.nullcontext() if sync or no_sync is None else no_sync()), autocast:
+                out = wrapped(batch)
+                (out.loss / accumulation).backward()
+            interval.add(out.metrics())
+            state.batches_in_epoch = index + 1
+            if not sync:
+                continue
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+            if not torch.isfinite(grad_norm):  # identical on every rank after DDP's all-reduce: all stop together
+                logger.stop(f"non-finite loss or gradient at step {state.step + 1} (grad norm {grad_norm.item()}); "
+                            f"the last good checkpoint is kept")
+                return
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            now = time.perf_counter()
+            state.step += 1
+            state.tokens_seen += cfg.train.global_batch * cfg.data.seq_len
+            state.device_hours += (now - last_step_time) * (gpus or world_size) / 3600
+            last_step_time = now
+            interval.steps += 1
+            if state.step % cfg.train.log_every == 0 or state.step == cfg.train.max_steps:
+                logger.log(state, interval, scheduler.get_last_lr()[0], grad_norm.item())
+                interval = Interval()
+            if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.max_steps:
+                save_and_report(model, optimizer, scheduler, state, cfg, ctx, rank)
+            _maybe_inject_failure(ctx, cfg, state, rank)
+            if state.step >= cfg.train.max_steps:
+                return
+        state.epoch += 1
+        state.batches_in_epoch = 0
+
+
+def optimizer_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """A restored optimizer's state was loaded on CPU; move it to the parameters' device."""
+    for param_state in optimizer.state.values():
+        for key, value in param_state.items():
+            if torch.is_tensor(value) and key != "step":
+                param_state[key] = value.to(device)
+
