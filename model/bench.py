@@ -1,26 +1,70 @@
-"""Micro-benchmark of full COCO-LM training steps (forward, backward, optimizer) on random tokens.
+"""Micro-benchmark of full training steps (forward, backward, optimizer) on random tokens: ours and,
+with --peer, a transformers model doing the same job on the same batch, in the same process.
 
-    python -m model.bench --preset tiny|small|base|base++|large++ --seq-len L --batch B --steps N [--variant NAME]
+    python -m model.bench --preset tiny|small|base|base++|large++ --seq-len L --batch B --steps N
+        [--variant NAME] [--attention auto|sdpa|flex|reference] [--attention-dropout P] [--compile]
+        [--peer hf-electra|hf-roberta]
 
-Prints tokens/s, step time, peak memory and model FLOPs per step; on a GPU also MFU against the
-device's dense bf16 peak. The FLOP count is `model.flops.step_flops` (its docstring states the
-formula). Runs with plain torch: no Ray, no MLflow.
+Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
+device's dense bf16 peak; with --peer the peer's numbers and the ratios ours/peer of tokens/s and
+of MFU. FLOPs come from `model.flops` (its docstring states the formula; the peers are counted by
+the same rules). Runs with plain torch (transformers only for --peer): no Ray, no MLflow.
+
+The GPU measurement of issue #7 on an H100. First check the compiled flex kernels against the
+reference attention, forward and backward (a few minutes, mostly compilation):
+
+    python -m pytest -q -m gpu tests/test_flex_attention.py
+
+then measure, in one command (each run compiles both sides first, a minute or two):
+
+    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile \
+        --attention-dropout 0 --peer hf-electra && \
+    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile \
+        --attention-dropout 0 --variant roberta_mlm --peer hf-roberta
+
+Targets (not tests): >= 45% MFU for the COCO-LM step, >= 1.3x the ELECTRA peer's MFU.
+
+`--attention-dropout 0` is what puts flex on the training path: FlexAttention has no attention
+dropout, so 'auto' uses it only while none is active (see `model.attention`); the paper's 0.1 runs
+SDPA with the materialised bias. The peers get the same dropout settings. Drop the flag to measure
+the paper's setting. Both sides run under bf16 autocast on CUDA with fused AdamW; --compile compiles
+the encoders of both sides (the step around them, with its data-dependent gathers and sampling,
+stays eager).
+
+What each side computes per step (ours follows the variant; see `model.objective`):
+  cocolm       auxiliary MLM (train pass + no-grad dropout-free sampling pass), main encoder on x_mlm
+               with copy and LM heads, main encoder on the crop for SCL.
+  hf-electra   ElectraForMaskedLM generator (our auxiliary's dimensions) and ElectraForPreTraining
+               discriminator (the main encoder's), embeddings shared; generator MLM at the masked
+               positions, replacements sampled from its train-mode logits, discriminator RTD loss
+               with weight 50. `--variant rtd_only` is our closest like-for-like.
+  hf-roberta   RobertaForMaskedLM with the main encoder's dimensions, MLM at the masked positions;
+               like-for-like with `--variant roberta_mlm`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
 
 import torch
+from torch import nn
 
-from .config import ObjectiveConfig, model_size
-from .corruption import SpecialTokens, make_pretraining_batch
-from .flops import device_peak_flops, step_flops
+from .attention import ATTENTION_CHOICES, resolve_attention
+from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
+from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
+from .encoder import Encoder
+from .flops import device_peak_flops, electra_peer_step_flops, roberta_peer_step_flops, step_flops
+from .losses import mlm_loss
 from .objective import build_pretraining_model
 from .variants import variant
+
+PEERS = ("hf-electra", "hf-roberta")
+RTD_WEIGHT = 50.0  # ELECTRA's discriminator loss weight (lambda in the ELECTRA paper)
 
 
 @dataclass(frozen=True)
@@ -32,6 +76,10 @@ class BenchResult:
     flops_per_step: float
     mfu: float | None  # None where the device's peak is unknown (CPUs)
 
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops_per_step / self.step_seconds
+
     def report(self) -> str:
         mfu = f"{100 * self.mfu:.1f}%" if self.mfu is not None else "n/a (no known bf16 peak for this device)"
         return "\n".join([
@@ -39,10 +87,19 @@ class BenchResult:
             f"tokens/s          {self.tokens_per_second:,.0f}",
             f"step time         {1000 * self.step_seconds:.1f} ms",
             f"peak memory       {self.peak_memory_bytes / 2**20:,.0f} MiB",
-            f"model FLOPs/step  {self.flops_per_step / 1e12:.3f} TFLOP",
-            f"achieved          {self.flops_per_step / self.step_seconds / 1e12:.2f} TFLOP/s",
+            f"model FLOPs/step  {self.flops_per_step / 1e12:.4g} TFLOP",
+            f"achieved          {self.achieved_flops / 1e12:.4g} TFLOP/s",
             f"MFU               {mfu}",
         ])
+
+
+def compare(ours: BenchResult, peer: BenchResult) -> str:
+    """The ratio lines. On one device the MFU ratio is the ratio of achieved FLOP/s, so it is printed
+    even where the device's peak is unknown."""
+    return "\n".join([
+        f"ours/peer tokens/s  {ours.tokens_per_second / peer.tokens_per_second:.2f}x",
+        f"ours/peer MFU       {ours.achieved_flops / peer.achieved_flops:.2f}x",
+    ])
 
 
 def random_batch(batch: int, seq_len: int, vocab_size: int, crop_fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -54,10 +111,23 @@ def random_batch(batch: int, seq_len: int, vocab_size: int, crop_fraction: float
     return make_pretraining_batch(ids, crop_fraction=crop_fraction, generator=generator)
 
 
+def bench_config(
+    preset: str, variant_name: str, attention_dropout: float | None = None
+) -> tuple[ModelConfig, ObjectiveConfig, float]:
+    """Model and objective config of a preset with a variant applied, and the variant's crop fraction."""
+    chosen = variant(variant_name)
+    model_cfg, objective_cfg = chosen.apply(model_size(preset), ObjectiveConfig())
+    if attention_dropout is not None:
+        model_cfg = replace(model_cfg, attention_dropout=attention_dropout)
+    return model_cfg, objective_cfg, chosen.data.get("crop_fraction", 0.9)
+
+
 def _peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    # Process-wide high-water mark (Linux reports KiB); it cannot be reset, so a peer measured after
+    # ours reports the larger of the two.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _sync(device: torch.device) -> None:
@@ -65,47 +135,196 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(
-    preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
-    variant_name: str = "cocolm", device: str | None = None,
-) -> BenchResult:
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    chosen = variant(variant_name)
-    model_cfg, objective_cfg = chosen.apply(model_size(preset), ObjectiveConfig())
-    crop_fraction = chosen.data.get("crop_fraction", 0.9)
-    model = build_pretraining_model(model_cfg, objective_cfg).to(dev).train()
+def _device(device: str | None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _free(device: torch.device) -> None:
+    """Drop compiled graphs and cached blocks between the two sides, so each side's peak is its own."""
+    torch.compiler.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _compile(modules: Iterable[nn.Module]) -> None:
+    # Module.compile compiles each module's forward in place: state_dict keys stay what checkpoints save
+    # (no `_orig_mod.` prefix). Static shapes: the bench sees a fixed block and crop length.
+    for module in modules:
+        module.compile(dynamic=False)
+
+
+def training_step(
+    loss: Callable[[], torch.Tensor], parameters: Iterable[nn.Parameter], device: torch.device
+) -> Callable[[], None]:
+    """One optimizer step on `loss()`: bf16 autocast and fused AdamW on CUDA, the paper's Adam settings."""
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, fused=dev.type == "cuda"
+        parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, fused=device.type == "cuda"
     )
-    data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step() -> None:
         with autocast:
-            loss = model(data).loss
-        loss.backward()
+            value = loss()
+        value.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return step
+
+
+def time_step(
+    step: Callable[[], None], flops_per_step: float, tokens_per_step: int, steps: int, warmup: int, device: torch.device
+) -> BenchResult:
+    """Times `step` (the same loop for ours and the peers): `warmup` untimed calls (compilation
+    happens there), then the mean over `steps` calls between device syncs."""
     for _ in range(warmup):
         step()
-    _sync(dev)
+    _sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    _sync(dev)
+    _sync(device)
     step_seconds = (time.perf_counter() - start) / steps
-    flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
-    peak = device_peak_flops(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    peak = device_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return BenchResult(
         device=name,
-        tokens_per_second=batch * seq_len / step_seconds,
+        tokens_per_second=tokens_per_step / step_seconds,
         step_seconds=step_seconds,
-        peak_memory_bytes=_peak_memory(dev),
-        flops_per_step=flops,
-        mfu=flops / step_seconds / peak if peak else None,
+        peak_memory_bytes=_peak_memory(device),
+        flops_per_step=flops_per_step,
+        mfu=flops_per_step / step_seconds / peak if peak else None,
     )
+
+
+def run(
+    preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
+    variant_name: str = "cocolm", device: str | None = None, attention: str = "auto", compile: bool = False,
+    attention_dropout: float | None = None,
+) -> BenchResult:
+    """Our training step for a preset and variant."""
+    dev = _device(device)
+    model_cfg, objective_cfg, crop_fraction = bench_config(preset, variant_name, attention_dropout)
+    resolve_attention(attention, dev, dropout_active=model_cfg.attention_dropout > 0)  # fail before building
+    model = build_pretraining_model(model_cfg, objective_cfg).to(dev).train()
+    encoders = [module for module in model.modules() if isinstance(module, Encoder)]
+    for encoder in encoders:
+        encoder.set_attention(attention)
+    if compile:
+        _compile(encoders)
+    data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
+    step = training_step(lambda: model(data).loss, model.parameters(), dev)
+    flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
+    return time_step(step, flops, batch * seq_len, steps, warmup, dev)
+
+
+class ElectraPeer(nn.Module):
+    """transformers' ELECTRA pretraining step. The generator's MLM head runs at the masked positions
+    only, as ELECTRA's own code does (ElectraForMaskedLM.forward would project all T positions);
+    replacements are sampled from its train-mode logits (detached), as ELECTRA does."""
+
+    def __init__(self, generator: nn.Module, discriminator: nn.Module):
+        super().__init__()
+        self.generator = generator  # ElectraForMaskedLM
+        self.discriminator = discriminator  # ElectraForPreTraining
+        # ELECTRA shares the whole embedding block (tokens, positions, token types, LayerNorm), and the
+        # generator's output projection is tied to the token embeddings.
+        generator.electra.embeddings = discriminator.electra.embeddings
+        generator.generator_lm_head.weight = discriminator.electra.embeddings.word_embeddings.weight
+
+    def encoders(self) -> list[nn.Module]:
+        return [self.generator.electra, self.discriminator.electra]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x_orig, positions, real = batch["input_ids"], batch["mask_positions"], batch["attention_mask"].long()
+        targets = x_orig[positions]  # (N,)
+        h = self.generator.electra(batch["masked_ids"], attention_mask=real).last_hidden_state  # (B, T, H_gen)
+        logits = self.generator.generator_lm_head(self.generator.generator_predictions(h[positions]))  # (N, V)
+        with torch.no_grad():
+            corrupted = x_orig.masked_scatter(positions, sample_replacements(logits))  # (B, T)
+        replaced = (corrupted != x_orig).long()  # ELECTRA's label: 1 = replaced
+        rtd = self.discriminator(corrupted, attention_mask=real, labels=replaced).loss
+        return mlm_loss(logits, targets) + RTD_WEIGHT * rtd
+
+
+class RobertaPeer(nn.Module):
+    """transformers' RoBERTa MLM step, LM head at the masked positions only (as fairseq's RoBERTa does;
+    RobertaForMaskedLM.forward would project all T positions)."""
+
+    def __init__(self, mlm: nn.Module):
+        super().__init__()
+        self.mlm = mlm  # RobertaForMaskedLM
+
+    def encoders(self) -> list[nn.Module]:
+        return [self.mlm.roberta]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        positions = batch["mask_positions"]
+        h = self.mlm.roberta(batch["masked_ids"], attention_mask=batch["attention_mask"].long()).last_hidden_state
+        logits = self.mlm.lm_head(h[positions])  # (N, V)
+        return mlm_loss(logits, batch["input_ids"][positions])
+
+
+def _hf_dims(cfg: EncoderConfig) -> dict:
+    """transformers config fields shared by ELECTRA and RoBERTa, from one of our encoders."""
+    return dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_size, hidden_act="gelu",
+        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+        layer_norm_eps=cfg.layer_norm_eps, pad_token_id=cfg.pad_token_id, attn_implementation="sdpa",
+    )
+
+
+def build_peer(name: str, model_cfg: ModelConfig) -> ElectraPeer | RobertaPeer:
+    """A peer with our preset's dimensions, random weights, built from configs (no download)."""
+    import transformers  # heavy, and only the peers need it
+
+    if name == "hf-electra":
+        def electra(cfg: EncoderConfig) -> transformers.ElectraConfig:
+            return transformers.ElectraConfig(
+                embedding_size=cfg.embedding_size, max_position_embeddings=cfg.max_positions, **_hf_dims(cfg)
+            )
+        return ElectraPeer(
+            transformers.ElectraForMaskedLM(electra(model_cfg.aux)),
+            transformers.ElectraForPreTraining(electra(model_cfg.main)),
+        )
+    if name == "hf-roberta":
+        main = model_cfg.main
+        # RoBERTa numbers positions from pad_token_id + 1, so its table needs pad_token_id + 1 more rows.
+        config = transformers.RobertaConfig(
+            max_position_embeddings=main.max_positions + main.pad_token_id + 1, type_vocab_size=1, **_hf_dims(main)
+        )
+        return RobertaPeer(transformers.RobertaForMaskedLM(config))
+    raise ValueError(f"unknown peer {name!r}; choose one of {PEERS}")
+
+
+def peer_step_flops(name: str, model_cfg: ModelConfig, seq_len: int, batch: int, mask_rate: float = 0.15) -> float:
+    count = electra_peer_step_flops if name == "hf-electra" else roberta_peer_step_flops
+    return count(model_cfg, seq_len, batch, mask_rate)
+
+
+def run_peer(
+    peer: str, preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
+    variant_name: str = "cocolm", device: str | None = None, compile: bool = False,
+    attention_dropout: float | None = None,
+) -> BenchResult:
+    """The peer's training step on the batch `run` uses for the same arguments (same seed)."""
+    dev = _device(device)
+    model_cfg, _, crop_fraction = bench_config(preset, variant_name, attention_dropout)
+    model = build_peer(peer, model_cfg).to(dev).train()
+    if compile:
+        _compile(model.encoders())
+    data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
+    step = training_step(lambda: model(data), model.parameters(), dev)
+    return time_step(step, peer_step_flops(peer, model_cfg, seq_len, batch), batch * seq_len, steps, warmup, dev)
+
+
+def _attention_line(choice: str, device: torch.device, attention_dropout: float) -> str:
+    train = resolve_attention(choice, device, dropout_active=attention_dropout > 0)
+    sampling = resolve_attention(choice, device, dropout_active=False)
+    return f"attention         {train} in training passes, {sampling} in no-grad eval passes (choice: {choice})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,13 +333,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
+                        help="auto: flex on CUDA while no attention dropout is active, else sdpa")
+    parser.add_argument("--attention-dropout", type=float, default=None,
+                        help="override the preset's attention dropout (0 enables flex in training), "
+                        "for the peer too")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the encoders (ours and the peer's)")
+    parser.add_argument("--peer", default=None, choices=PEERS, help="also time a transformers peer on the same batch")
     args = parser.parse_args(argv)
-    result = run(args.preset, args.seq_len, args.batch, args.steps, args.warmup, args.variant, args.device)
-    print(f"COCO-LM training step: preset={args.preset} variant={args.variant} seq_len={args.seq_len} batch={args.batch}")
-    print(result.report())
+    shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch, steps=args.steps, warmup=args.warmup,
+                  variant_name=args.variant, device=args.device, compile=args.compile,
+                  attention_dropout=args.attention_dropout)
+    dev = _device(args.device)
+    model_cfg = bench_config(args.preset, args.variant, args.attention_dropout)[0]
+    if args.attention == "flex" and model_cfg.attention_dropout > 0:
+        parser.error("--attention flex needs --attention-dropout 0: FlexAttention has no attention dropout")
+    print(f"training step: preset={args.preset} variant={args.variant} seq_len={args.seq_len} batch={args.batch} "
+          f"compile={args.compile} attention_dropout={model_cfg.attention_dropout}")
+    ours = run(attention=args.attention, **shared)
+    print(f"ours ({args.variant})")
+    print(ours.report())
+    print(_attention_line(args.attention, dev, model_cfg.attention_dropout))
+    if args.peer is not None:
+        _free(dev)
+        peer = run_peer(args.peer, **shared)
+        print(f"peer {args.peer} (transformers, attn_implementation=sdpa)")
+        print(peer.report())
+        print(compare(ours, peer))
 
 
 if __name__ == "__main__":

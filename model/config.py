@@ -60,8 +60,11 @@ class ModelConfig:
                 raise ValueError(f"{name} hidden size {width} is not divisible by its {heads} heads")
 
     def _aux_width_heads(self) -> tuple[int, int]:
-        d = self.aux_width_divisor
-        return self.hidden_size // d, max(1, self.num_heads // d)
+        """A narrower auxiliary keeps the main encoder's head width, rounded down to whole heads:
+        base / 3 gives ELECTRA-base's generator (256 wide, 4 heads of 64); large++ / 3 gives 320."""
+        head_dim = self.hidden_size // self.num_heads
+        width = max(head_dim, self.hidden_size // self.aux_width_divisor // head_dim * head_dim)
+        return width, width // head_dim
 
     def _encoder(self, **sizes: int) -> EncoderConfig:
         shared = {f.name: getattr(self, f.name) for f in fields(EncoderConfig) if hasattr(self, f.name)}

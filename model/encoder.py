@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import RelativePositionBias, SelfAttention, attention_bias
+from .attention import (
+    FlexBias, RelativePositionBias, SelfAttention, attention_bias, check_attention_choice, flex_bias, resolve_attention,
+)
 from .config import EncoderConfig
 
 
@@ -67,8 +69,8 @@ class TransformerLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, bias)))
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias, implementation: str = "sdpa") -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, bias, implementation)))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
 
 
@@ -88,14 +90,16 @@ class Encoder(nn.Module):
         )
         self.relative_bias = RelativePositionBias(cfg) if cfg.relative_position else None
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+        self.attention_implementation = "auto"  # a choice, resolved per forward: see model.attention
         for name, child in self.named_children():
             if not (name == "embeddings" and embeddings is not None):  # never re-initialise shared weights
                 child.apply(init_weights)
 
     def set_attention(self, implementation: str) -> None:
-        """'sdpa' (default) or 'reference' (the written-out softmax the tests compare against)."""
-        for layer in self.layers:
-            layer.attention.implementation = implementation
+        """'auto' (default: flex on CUDA while no attention dropout is active, else SDPA), 'sdpa',
+        'flex', or 'reference' (the written-out softmax the tests compare against)."""
+        check_attention_choice(implementation)
+        self.attention_implementation = implementation
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if attention_mask is None:
@@ -104,7 +108,12 @@ class Encoder(nn.Module):
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)  # (B, T, H)
         position_bias = self.relative_bias(input_ids.shape[1]) if self.relative_bias is not None else None
-        bias = attention_bias(attention_mask.bool(), position_bias, x.dtype)  # (B, h or 1, T, T)
+        dropout_active = self.training and self.cfg.attention_dropout > 0
+        implementation = resolve_attention(self.attention_implementation, x.device, dropout_active)
+        if implementation == "flex":
+            bias = flex_bias(attention_mask.bool(), position_bias)  # BlockMask + (h, T, T), shared by all layers
+        else:
+            bias = attention_bias(attention_mask.bool(), position_bias, x.dtype)  # (B, h or 1, T, T)
         for layer in self.layers:
-            x = layer(x, bias)
+            x = layer(x, bias, implementation)
         return x

@@ -82,3 +82,28 @@ def device_peak_flops(device_name: str) -> float | None:
         if key in device_name:
             return peak
     return None
+
+
+# Peers (model.bench --peer). Counted by the same rules as `step_flops`, for the computation each peer
+# step actually performs, which is also the equivalent useful work in ours: the bench runs transformers'
+# vocabulary projections only at the masked positions (as ELECTRA's and fairseq's RoBERTa's own training
+# code do), so "computed" and "useful" FLOPs coincide and MFU means the same thing on both sides.
+
+
+def electra_peer_step_flops(model: ModelConfig, seq_len: int, batch_size: int, mask_rate: float = 0.15) -> float:
+    """ELECTRA's step: generator (our auxiliary's dimensions) with its MLM head at the masked positions
+    and discriminator (the main encoder's) with ELECTRA's RTD head, dense H -> H then H -> 1, on every
+    position; both trained. No separate sampling pass: ELECTRA samples from the generator's train-mode
+    logits. Equals `step_flops` for rtd_only with sample_in_eval=False, plus the RTD head's dense layer."""
+    generator, discriminator = model.aux, model.main
+    h = discriminator.hidden_size
+    generator_pass = encoder_forward_flops(generator, seq_len) + mlm_head_flops(generator, mask_rate * seq_len)
+    discriminator_pass = encoder_forward_flops(discriminator, seq_len) + 2 * seq_len * (h * h + h)
+    return batch_size * 3 * (generator_pass + discriminator_pass)
+
+
+def roberta_peer_step_flops(model: ModelConfig, seq_len: int, batch_size: int, mask_rate: float = 0.15) -> float:
+    """RoBERTa's MLM step on the main encoder's dimensions, LM head (dense H -> H, then H -> V) at the
+    masked positions: the count `step_flops` gives our roberta_mlm baseline."""
+    main = model.main
+    return batch_size * 3 * (encoder_forward_flops(main, seq_len) + mlm_head_flops(main, mask_rate * seq_len))

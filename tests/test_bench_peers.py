@@ -1,0 +1,89 @@
+"""The benchmark against transformers peers: CPU smoke runs at the tiny preset, the peers' structure,
+and every FLOP count the MFU ratio rests on checked against torch's own FlopCounterMode."""
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from model.bench import _compile, bench_config, build_peer, main, peer_step_flops, random_batch
+from model.encoder import Encoder
+from model.flops import step_flops
+from model.objective import build_pretraining_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("variant,peer", [("cocolm", "hf-electra"), ("roberta_mlm", "hf-roberta")])
+def test_cli_prints_ours_the_peer_and_the_ratios(capsys, monkeypatch, variant, peer):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    main(["--preset", "tiny", "--seq-len", "32", "--batch", "2", "--steps", "1", "--warmup", "1",
+          "--variant", variant, "--peer", peer, "--device", "cpu"])
+    lines = capsys.readouterr().out.splitlines()
+    assert f"ours ({variant})" in lines and any(line.startswith(f"peer {peer}") for line in lines)
+    for field in ("tokens/s", "step time", "peak memory", "model FLOPs/step", "MFU"):
+        assert sum(line.startswith(field + " ") for line in lines) == 2, field  # ours and the peer
+    ratios = {line.split()[1]: float(line.split()[-1].rstrip("x")) for line in lines if line.startswith("ours/peer")}
+    assert set(ratios) == {"tokens/s", "MFU"} and all(r > 0 for r in ratios.values())
+
+
+def test_flex_with_attention_dropout_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        main(["--preset", "tiny", "--attention", "flex", "--device", "cpu"])
+    assert "--attention-dropout 0" in capsys.readouterr().err
+
+
+def test_electra_peer_shares_embeddings_between_generator_and_discriminator():
+    peer = build_peer("hf-electra", bench_config("tiny", "cocolm")[0])
+    embeddings = peer.discriminator.electra.embeddings
+    assert peer.generator.electra.embeddings is embeddings
+    assert peer.generator.generator_lm_head.weight is embeddings.word_embeddings.weight
+    assert peer.generator.config.num_hidden_layers == 1 and peer.discriminator.config.num_hidden_layers == 2  # tiny
+    assert peer.generator.config._attn_implementation == "sdpa"
+
+
+def counted_flops(step) -> int:
+    """Forward + backward matmul FLOPs as torch counts them; SDPA's math backend so attention counts on CPU."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        step().backward()
+    return counter.get_total_flops()
+
+
+def tiny_batch(vocab_size: int, crop_fraction: float = 0.9, batch: int = 3, seq_len: int = 40):
+    data = random_batch(batch, seq_len, vocab_size, crop_fraction)
+    mask_rate = data["mask_positions"].sum().item() / (batch * seq_len)  # the formulas take the expected rate
+    return data, mask_rate, batch, seq_len
+
+
+@pytest.mark.parametrize("peer,variant", [
+    ("hf-electra", "cocolm"), ("hf-electra", "electra"), ("hf-roberta", "roberta_mlm"),
+])
+def test_peer_flop_counts_match_torchs_count(peer, variant):
+    model_cfg = bench_config("tiny", variant)[0]
+    data, mask_rate, batch, seq_len = tiny_batch(model_cfg.vocab_size)
+    model = build_peer(peer, model_cfg).train()
+    counted = counted_flops(lambda: model(data))
+    count = peer_step_flops(peer, model_cfg, seq_len, batch, mask_rate=mask_rate)
+    assert count == pytest.approx(counted, rel=1e-9)
+
+
+@pytest.mark.parametrize("variant", ["cocolm", "roberta_mlm", "rtd_only"])
+def test_our_flop_count_matches_torchs_count(variant):
+    """Ours by the same rules as the peers, so the ratio of MFUs compares like with like."""
+    model_cfg, objective_cfg, crop_fraction = bench_config("tiny", variant)
+    data, mask_rate, batch, seq_len = tiny_batch(model_cfg.vocab_size, crop_fraction)
+    torch.manual_seed(0)
+    model = build_pretraining_model(model_cfg, objective_cfg).train()
+    counted = counted_flops(lambda: model(data).loss)
+    count = step_flops(model_cfg, objective_cfg, seq_len, batch, mask_rate=mask_rate, crop_fraction=crop_fraction)
+    # step_flops leaves out SCL's (2B x 2B) similarity matmuls, which grow with the batch, not the tokens.
+    assert count == pytest.approx(counted, rel=1e-4 if objective_cfg.use_scl else 1e-9)
+
+
+def test_compile_keeps_checkpoint_keys():
+    """bench --compile compiles each encoder in place: the state dict has no `_orig_mod.` prefixes."""
+    model_cfg, objective_cfg, _ = bench_config("tiny", "cocolm")
+    model = build_pretraining_model(model_cfg, objective_cfg)
+    keys = list(model.state_dict())
+    _compile(m for m in model.modules() if isinstance(m, Encoder))
+    assert list(model.state_dict()) == keys

@@ -1,0 +1,206 @@
+"""The FlexAttention path (relative bias as score_mod, padding as BlockMask) against the written-out
+reference, forward and backward, and the rules that choose it (SPEC section 1).
+
+On CPU torch has no fused flex kernel with a backward, only flex's unfused reference path; that path
+runs our score_mod and BlockMask exactly as written, so it checks their meaning. The fused CUDA
+kernels (compiled Triton, with the bias gradient scattered by atomics) are checked by the gpu tests.
+"""
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as flex_module
+
+from model import ModelConfig
+from model.attention import (
+    RelativePositionBias, attention_bias, flex_bias, flex_relative_attention, reference_attention, resolve_attention,
+)
+from model.encoder import Encoder
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture
+def flex_backward_on_cpu(monkeypatch):
+    """torch refuses flex inputs that require grad on CPU (it has no fused CPU backward kernel); the
+    unfused path it runs uncompiled differentiates fine, so the CPU tests let it through."""
+    monkeypatch.setattr(flex_module, "_validate_device", lambda query, key, value: None)
+
+
+def padded_mask(batch: int, seq_len: int, lengths: list[int]) -> torch.Tensor:
+    mask = torch.zeros(batch, seq_len, dtype=torch.bool)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = True
+    return mask  # (B, T)
+
+
+def attention_inputs(
+    seq_len: int, lengths: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32,
+    heads: int = 4, dim: int = 16,
+):
+    """q, k, v, a bias table (all requiring grad) and a padding mask with rows of the given lengths."""
+    torch.manual_seed(0)
+    batch = len(lengths)
+    shape = (batch, heads, seq_len, dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    cfg = ModelConfig(vocab_size=10, hidden_size=heads * dim, num_heads=heads, ffn_size=8).main
+    relative = RelativePositionBias(cfg).to(device)
+    torch.nn.init.normal_(relative.table.weight)  # large enough to move the softmax
+    return q, k, v, relative, padded_mask(batch, seq_len, lengths).to(device)
+
+
+def grads_of(out: torch.Tensor, mask: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of a weighted sum over real query rows (padded rows' outputs are never used)."""
+    weights = torch.linspace(-1, 1, out.shape[-1], device=out.device)
+    loss = (out.float() * weights).sum(-1).masked_fill(~mask[:, None, :], 0).sum()
+    return list(torch.autograd.grad(loss, tensors))
+
+
+# T = 136 spans two 128-key blocks, the second partial; the row of length 70 has that block fully
+# padded, so the BlockMask skips it; the row of length 130 ends inside it, so mask_mod decides there.
+LENGTHS = [136, 130, 70]
+
+
+def test_flex_equals_reference_with_bias_and_padding_forward_and_backward(flex_backward_on_cpu):
+    q, k, v, relative, mask = attention_inputs(136, LENGTHS)
+    fast = flex_relative_attention(q, k, v, flex_bias(mask, relative(136)))
+    slow = reference_attention(q, k, v, attention_bias(mask, relative(136), q.dtype))  # relative: (1, h, T, T)
+    real = mask[:, None, :, None].expand_as(slow)
+    torch.testing.assert_close(fast[real], slow[real], atol=1e-5, rtol=1e-5)
+    inputs = [q, k, v, relative.table.weight]
+    g_fast, g_slow = grads_of(fast, mask, inputs), grads_of(slow, mask, inputs)
+    for name, a, b in zip(["q", "k", "v", "bias table"], g_fast, g_slow):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+    assert g_fast[3].abs().sum() > 0  # the bias table learns through the score_mod
+
+
+def test_flex_without_relative_bias_masks_padding_only(flex_backward_on_cpu):
+    q, k, v, _, mask = attention_inputs(40, [40, 25])
+    fast = flex_relative_attention(q, k, v, flex_bias(mask, None))
+    slow = reference_attention(q, k, v, attention_bias(mask, None, q.dtype))
+    torch.testing.assert_close(fast[0], slow[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast[1, :, :25], slow[1, :, :25], atol=1e-5, rtol=1e-5)
+
+
+def small_encoder(relative_position: bool = True, **overrides) -> Encoder:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
+                      relative_position=relative_position, max_positions=160, **overrides).main
+    return Encoder(cfg)
+
+
+def padded_ids(seq_len: int = 136) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    ids = torch.randint(5, 60, (3, seq_len))
+    ids[:, 0] = 2
+    ids[1, 130:] = 0
+    ids[2, 70:] = 0
+    return ids, ids != 0
+
+
+@pytest.mark.parametrize("relative_position", [True, False])
+def test_encoder_flex_path_equals_reference_path(flex_backward_on_cpu, relative_position):
+    enc = small_encoder(relative_position).eval()  # eval: no dropout, so the paths are comparable
+    ids, mask = padded_ids()
+    params = list(enc.parameters())
+    results = {}
+    for implementation in ("flex", "reference"):
+        enc.set_attention(implementation)
+        out = enc(ids, mask)  # (B, T, H)
+        results[implementation] = out, torch.autograd.grad(out[mask].square().sum(), params)
+    (fast, g_fast), (slow, g_slow) = results["flex"], results["reference"]
+    torch.testing.assert_close(fast[mask], slow[mask], atol=1e-5, rtol=1e-5)
+    for (name, _), a, b in zip(enc.named_parameters(), g_fast, g_slow):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_compiled_encoder_traces_the_flex_path_and_keeps_its_state_dict_keys(flex_backward_on_cpu):
+    """What `bench --compile` does to each encoder, with a backend that needs no C++ toolchain.
+    Forward only: a compiled flex graph on CPU does not save what the backward needs."""
+    enc = small_encoder(attention_dropout=0.0).eval()
+    reference = small_encoder(attention_dropout=0.0).eval()
+    reference.set_attention("reference")
+    keys = list(enc.state_dict())
+    enc.set_attention("flex")
+    enc.compile(backend="aot_eager", dynamic=False)
+    assert list(enc.state_dict()) == keys  # no `_orig_mod.` prefix for checkpoints
+    ids, mask = padded_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(enc(ids, mask)[mask], reference(ids, mask)[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_auto_picks_flex_only_on_cuda_without_active_attention_dropout():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_attention("auto", cuda, dropout_active=False) == "flex"
+    assert resolve_attention("auto", cuda, dropout_active=True) == "sdpa"  # the paper's 0.1 keeps SDPA
+    assert resolve_attention("auto", cpu, dropout_active=False) == "sdpa"
+    assert resolve_attention("reference", cuda, dropout_active=True) == "reference"
+    with pytest.raises(ValueError, match="no attention dropout"):
+        resolve_attention("flex", cuda, dropout_active=True)
+    with pytest.raises(ValueError, match="unknown attention"):
+        resolve_attention("flash", cpu, dropout_active=False)
+
+
+def test_encoder_never_drops_attention_dropout_silently():
+    enc = small_encoder()  # attention_dropout 0.1, train mode
+    assert enc.attention_implementation == "auto"
+    enc.set_attention("flex")
+    ids, mask = padded_ids(24)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        enc(ids, mask)
+    with pytest.raises(ValueError, match="unknown attention"):
+        enc.set_attention("flash")
+
+
+def test_cpu_default_is_sdpa():
+    enc = small_encoder().eval()
+    ids, mask = padded_ids(24)
+    default = enc(ids, mask)
+    enc.set_attention("sdpa")
+    assert torch.equal(default, enc(ids, mask))
+
+
+# The fused kernels on a GPU: compiled flex in bf16 and fp32 (TF32 matmuls inside), at the bench's
+# block and crop lengths, against the reference in fp32 on the same (rounded) inputs.
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 3e-2), (torch.float32, 5e-3)])
+@pytest.mark.parametrize("seq_len", [512, 460])
+@pytest.mark.gpu
+@needs_cuda
+def test_compiled_flex_on_cuda_matches_reference(dtype, tolerance, seq_len):
+    # base's heads and head size; rows ending mid-block, on a block edge, and with whole blocks padded
+    lengths = [seq_len, seq_len - 37, 256, 64]
+    q, k, v, relative, mask = attention_inputs(seq_len, lengths, "cuda", dtype, heads=12, dim=64)
+    fast = flex_relative_attention(q, k, v, flex_bias(mask, relative(seq_len)))  # compiled on CUDA
+    slow = reference_attention(q.float(), k.float(), v.float(), attention_bias(mask, relative(seq_len), torch.float32))
+    real = mask[:, None, :, None].expand_as(slow)
+    assert relative_error(fast[real], slow[real]) < tolerance
+    inputs = [q, k, v, relative.table.weight]
+    for name, a, b in zip(["q", "k", "v", "bias table"], grads_of(fast, mask, inputs), grads_of(slow, mask, inputs)):
+        assert relative_error(a, b) < tolerance, name
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.gpu
+@needs_cuda
+def test_encoder_flex_matches_sdpa_on_cuda_under_autocast(compiled):
+    enc = small_encoder(attention_dropout=0.0).cuda().eval()
+    ids, mask = (t.cuda() for t in padded_ids())
+    assert resolve_attention(enc.attention_implementation, ids.device, dropout_active=False) == "flex"
+    if compiled:
+        enc.compile(dynamic=False)
+    params = list(enc.parameters())
+    results = {}
+    for implementation in ("flex", "sdpa"):
+        enc.set_attention(implementation)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = enc(ids, mask)
+        results[implementation] = out, torch.autograd.grad(out[mask].float().square().sum(), params)
+    (fast, g_fast), (slow, g_slow) = results["flex"], results["sdpa"]
+    assert relative_error(fast[mask], slow[mask]) < 2e-2
+    for (name, _), a, b in zip(enc.named_parameters(), g_fast, g_slow):
+        assert relative_error(a, b) < 5e-2, name
