@@ -1,0 +1,190 @@
+"""The pretraining data stream on Ray Data: read -> clean -> tokenize -> pack -> corrupt.
+
+    documents (jobs.corpus)  ->  packed blocks {"input_ids": (seq_len,) int32}  ->  corrupt per batch
+
+Packing: the documents of one tokenize batch are joined into one token stream with [SEP] after
+every document and cut into blocks of seq_len - 1 tokens, each block headed by [CLS]. A long
+document simply continues in the next block, so no token is lost or repeated; only the last block
+of each batch is padded with [PAD] (0.3% of the positions on the shipped corpus at T = 512).
+
+Corruption (dynamic mask + crop, `model.corruption.make_pretraining_batch`) is applied per epoch
+on the consumer side, because an epoch number cannot reach a Ray Data UDF once Ray Train has split
+the stream. Each block gets its own generator seeded from (seed, epoch, hash of its tokens), so a
+block's mask and crop depend on nothing else: the same seed gives every block the same corruption
+however Ray schedules, orders, batches or splits the blocks, and a new epoch gives a new mask.
+(Which blocks share a batch follows Ray's delivery order, which is not fixed without
+`preserve_order`.)
+
+In a Ray Train worker (any world size, 1 included):
+
+    shard = ray.train.get_dataset_shard("train")           # trainer built with datasets={"train": stream.blocks}
+    for batch in pretraining_batches(shard, cfg, epoch):  # the batch contract of model/corruption.py, torch CPU
+        ...
+
+or `shard.iter_torch_batches(batch_size=...)` and `corrupt(batch, epoch, cfg.seed, ...)` per batch:
+Ray Data hands over numpy (int32 blocks), `corrupt` returns the contract's torch CPU tensors; the
+loop moves them to its device.
+
+Resources: every Ray Data task asks for `data_cpus` (0.25) logical CPUs, so the stream still gets a
+budget when Train workers hold most CPUs; on a 2-core machine a whole CPU per read task plus the
+workers' CPUs leaves Ray Data a budget of 0 and the job hangs silently (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import ray
+import torch
+
+from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, read_documents, shipped_corpus
+from model.corruption import BATCH_KEYS, SpecialTokens, make_pretraining_batch
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What the stream reads and how it builds batches."""
+
+    paths: tuple[str, ...] = ()  # files, folders, globs or URIs; empty: the shipped corpus
+    tokenizer_dir: str | None = None  # None: the cached tokenizer for the corpus (trained on first use)
+    vocab_size: int = 32768  # only used to train that default tokenizer; must match the model's
+    cased: bool = False  # likewise
+    seq_len: int = 512  # block length T, [CLS] included
+    mask_rate: float = 0.15
+    crop_fraction: float = 0.9  # SCL crop length int(crop_fraction * T)
+    max_record_chars: int = DEFAULT_MAX_RECORD_CHARS  # longer records are skipped and counted
+    seed: int = 0
+    pack_batch_docs: int = 256  # documents tokenized and packed together; only their last block is padded
+    batch_size: int = 32  # blocks per training batch, per worker
+    data_cpus: float = 0.25  # logical CPUs per Ray Data task: fractional so Train workers never starve it
+    block_bytes: int = 8 << 20  # Ray Data block target; streaming_split deals whole blocks, so smaller
+    #                              blocks spread a small corpus over more tasks and Train workers
+
+
+class Stream(NamedTuple):
+    blocks: ray.data.Dataset  # packed blocks, column input_ids (seq_len,) int32
+    skips: ray.actor.ActorHandle  # jobs.corpus.SkipCounter: `skip_summary(skips)` after an epoch
+    tokenizer_dir: Path  # saved with checkpoints; its vocabulary is the model's
+
+
+def corpus_paths(cfg: DataConfig) -> list[str]:
+    """The configured paths (a single string from a `--set data.paths=...` override too), else the shipped corpus."""
+    paths = [cfg.paths] if isinstance(cfg.paths, str) else list(cfg.paths)
+    return paths or shipped_corpus()
+
+
+def resolve_tokenizer(cfg: DataConfig) -> Path:
+    from jobs.tokenizer import cached_default_tokenizer
+
+    if cfg.tokenizer_dir:
+        return Path(cfg.tokenizer_dir)
+    return cached_default_tokenizer(cfg.vocab_size, cased=cfg.cased, paths=corpus_paths(cfg))
+
+
+def load_tokenizer(tokenizer_dir: str | Path):
+    """The `tokenizers` object inside a saved fast tokenizer (what the stream encodes with)."""
+    return _tokenizer_from_json((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _tokenizer_from_json(spec: str):
+    """Once per worker process. Encoding with `tokenizers` directly skips transformers' per-call
+    overhead; `encode_special_tokens` makes a literal "[SEP]" in a document plain text, so
+    [CLS]/[SEP]/[MASK] ids come only from packing and masking."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(spec)
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = SpecialTokens()) -> np.ndarray:
+    """Pack token lists into (N, seq_len) int32 blocks: [CLS] + seq_len - 1 tokens of doc [SEP] doc [SEP] ..."""
+    body = seq_len - 1
+    lengths = [len(d) + 1 for d in documents]  # + [SEP]
+    stream = np.full(sum(lengths), special.sep, dtype=np.int32)
+    ends = np.cumsum(lengths)
+    for doc, end, length in zip(documents, ends, lengths):
+        stream[end - length : end - 1] = doc
+    n_blocks = -(-len(stream) // body)
+    padded = np.full(n_blocks * body, special.pad, dtype=np.int32)
+    padded[: len(stream)] = stream
+    cls = np.full((n_blocks, 1), special.cls, dtype=np.int32)
+    return np.concatenate([cls, padded.reshape(n_blocks, body)], axis=1)  # (N, T)
+
+
+def _tokenize_and_pack(batch: dict[str, np.ndarray], tokenizer_json: str, seq_len: int) -> dict[str, np.ndarray]:
+    """Ray Data UDF: documents -> packed blocks."""
+    encodings = _tokenizer_from_json(tokenizer_json).encode_batch_fast(list(batch["text"]), add_special_tokens=False)
+    return {"input_ids": pack([e.ids for e in encodings], seq_len)}
+
+
+def build_stream(cfg: DataConfig) -> Stream:
+    """The lazy dataset of packed blocks; nothing runs until it is iterated (or split by Ray Train)."""
+    tokenizer_dir = resolve_tokenizer(cfg)
+    documents, skips = read_documents(corpus_paths(cfg), cfg.max_record_chars, num_cpus=cfg.data_cpus)
+    blocks = documents.map_batches(
+        _tokenize_and_pack,
+        batch_size=cfg.pack_batch_docs,
+        batch_format="numpy",
+        num_cpus=cfg.data_cpus,
+        # The tokenizer travels with the task, not as a path: the driver's cache dir may not exist
+        # on the node that runs it.
+        fn_kwargs={"tokenizer_json": (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"), "seq_len": cfg.seq_len},
+    )
+    blocks.context.target_max_block_size = cfg.block_bytes  # this dataset's context: applies to every stage
+    return Stream(blocks, skips, tokenizer_dir)
+
+
+def block_seed(seed: int, epoch: int, block: np.ndarray) -> int:
+    """A 63-bit seed from (seed, epoch, the block's tokens): independent of batching and order."""
+    digest = hashlib.blake2b(np.asarray(block, dtype="<i4").tobytes(), digest_size=8, key=f"{seed}:{epoch}".encode())
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def corrupt(
+    batch: Mapping[str, np.ndarray | torch.Tensor],
+    epoch: int,
+    seed: int,
+    mask_rate: float = 0.15,
+    crop_fraction: float = 0.9,
+) -> dict[str, torch.Tensor]:
+    """Packed blocks {"input_ids": (B, T)} -> the batch contract of model/corruption.py (CPU tensors).
+
+    One `make_pretraining_batch` call per block, each with its own seeded generator (see module doc).
+    """
+    input_ids = torch.as_tensor(np.asarray(batch["input_ids"])).long()  # (B, T)
+    rows = []
+    for block in input_ids:
+        generator = torch.Generator().manual_seed(block_seed(seed, epoch, block.numpy()))
+        rows.append(make_pretraining_batch(block[None], mask_rate, crop_fraction, generator))
+    return {key: torch.cat([row[key] for row in rows]) for key in BATCH_KEYS}
+
+
+def pretraining_batches(
+    source: ray.data.Dataset | ray.data.DataIterator, cfg: DataConfig, epoch: int, drop_last: bool = False
+) -> Iterator[dict[str, torch.Tensor]]:
+    """One epoch of corrupted batches from the whole stream or from a worker's shard."""
+    for batch in source.iter_batches(batch_size=cfg.batch_size, batch_format="numpy", drop_last=drop_last):
+        yield corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction)
+
+
+def _corrupt_numpy(batch: dict[str, np.ndarray], epoch: int, seed: int, mask_rate: float, crop_fraction: float):
+    return {k: v.numpy() for k, v in corrupt(batch, epoch, seed, mask_rate, crop_fraction).items()}
+
+
+def corrupted(blocks: ray.data.Dataset, cfg: DataConfig, epoch: int) -> ray.data.Dataset:
+    """The same corruption as a Ray Data stage (numpy columns), for consumers outside Ray Train."""
+    return blocks.map_batches(
+        _corrupt_numpy,
+        batch_size=cfg.batch_size,
+        batch_format="numpy",
+        num_cpus=cfg.data_cpus,
+        fn_kwargs={"epoch": epoch, "seed": cfg.seed, "mask_rate": cfg.mask_rate, "crop_fraction": cfg.crop_fraction},
+    )

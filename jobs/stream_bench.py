@@ -1,0 +1,122 @@
+"""Stream benchmark: can the Ray Data stream feed a GPU?
+
+    python -m jobs.stream_bench [--corpus PATH ...] [--tokenizer DIR] --seq-len L
+
+Prints what the cleaning skipped, the whole pipeline's tokens/s (read -> clean -> tokenize -> pack
+-> corrupt, all in Ray Data), the tokens/s of tokenization and of corruption alone on one core,
+the cores used, and the goal: per 8 CPU cores the stream should deliver at least 3x the tokens/s
+one H100 consumes training the base model at 45% MFU,
+
+    H100 tokens/s = 0.45 * 989e12 / model.flops.flops_per_token(SIZES['base'], ObjectiveConfig(), 512)
+
+"Tokens" are block positions (B * T), the unit the GPU consumes; the real (non-[PAD]) share is
+printed next to it. Epoch 1 includes starting Ray's workers; the goal uses the last epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+
+from jobs.corpus import read_documents, skip_summary
+from jobs.env import init_ray
+from jobs.stream import DataConfig, build_stream, corrupt, corrupted, corpus_paths, load_tokenizer
+from model import SIZES, ObjectiveConfig, flops_per_token
+
+H100_BF16_PEAK = 989e12
+MFU = 0.45
+GOAL_RATIO = 3.0
+
+
+def h100_tokens_per_second() -> float:
+    return MFU * H100_BF16_PEAK / flops_per_token(SIZES["base"], ObjectiveConfig(), 512)
+
+
+def pipeline_epoch(cfg: DataConfig, blocks, epoch: int) -> tuple[float, int, int]:
+    """Seconds, positions and real tokens of one full pass through the corrupted stream."""
+    start, positions, real = time.perf_counter(), 0, 0
+    for batch in corrupted(blocks, cfg, epoch).iter_batches(batch_size=None, batch_format="numpy"):
+        positions += batch["input_ids"].size
+        real += int(batch["attention_mask"].sum())
+    return time.perf_counter() - start, positions, real
+
+
+def tokenize_alone(cfg: DataConfig, tokenizer_dir: str, max_docs: int = 20_000) -> float:
+    """Tokens/s of the fast tokenizer in this process, one core, on the corpus's first documents."""
+    documents, _ = read_documents(corpus_paths(cfg), cfg.max_record_chars)
+    texts = [row["text"] for row in documents.limit(max_docs).take_all()]
+    tokenizer = load_tokenizer(tokenizer_dir)
+    start = time.perf_counter()
+    tokens = sum(len(e.ids) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False))
+    return tokens / (time.perf_counter() - start)
+
+
+def corrupt_alone(cfg: DataConfig, blocks, rounds: int = 5) -> float:
+    """Positions/s of `corrupt` in this process, one core, on real packed blocks."""
+    batch = next(iter(blocks.iter_batches(batch_size=cfg.batch_size, batch_format="numpy")))
+    start = time.perf_counter()
+    for epoch in range(rounds):
+        corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction)
+    return rounds * batch["input_ids"].size / (time.perf_counter() - start)
+
+
+def cores_used() -> tuple[float, int]:
+    """(Ray's logical CPUs, this machine's cores); on a local cluster the stream uses the smaller."""
+    import ray
+
+    return ray.cluster_resources().get("CPU", 0.0), len(os.sched_getaffinity(0))
+
+
+def run(
+    paths: Sequence[str] = (), tokenizer_dir: str | None = None, seq_len: int = 512, vocab_size: int = 32768,
+    batch_size: int = 64, epochs: int = 2, num_cpus: float | None = None,
+) -> dict[str, float]:
+    init_ray(num_cpus=num_cpus)
+    cfg = DataConfig(paths=tuple(paths), tokenizer_dir=tokenizer_dir, vocab_size=vocab_size, seq_len=seq_len,
+                     batch_size=batch_size)
+    stream = build_stream(cfg)
+    print(f"tokenizer: {stream.tokenizer_dir}")
+    rates = []
+    for epoch in range(epochs):
+        seconds, positions, real = pipeline_epoch(cfg, stream.blocks, epoch)
+        rates.append(positions / seconds)
+        print(f"epoch {epoch + 1}: {positions:,} positions ({real / positions:.1%} real tokens) in {seconds:.2f} s "
+              f"= {positions / seconds:,.0f} tokens/s through read -> clean -> tokenize -> pack -> corrupt")
+    print(skip_summary(stream.skips).format())
+    logical, machine = cores_used()
+    cores = min(logical, machine) if not os.environ.get("RAY_ADDRESS") else logical
+    tokenize_rate = tokenize_alone(cfg, str(stream.tokenizer_dir))
+    corrupt_rate = corrupt_alone(cfg, stream.blocks)
+    per_8_cores = rates[-1] / cores * 8
+    goal = h100_tokens_per_second()
+    print(f"tokenization alone: {tokenize_rate:,.0f} tokens/s on 1 core")
+    print(f"corruption alone:   {corrupt_rate:,.0f} tokens/s on 1 core (seq_len {seq_len})")
+    print(f"cores: Ray has {logical:g} logical CPUs, the machine {machine} cores -> {cores:g} used")
+    print(f"stream per 8 cores: {rates[-1]:,.0f} / {cores:g} * 8 = {per_8_cores:,.0f} tokens/s")
+    print(f"goal: one H100 consumes {MFU} * {H100_BF16_PEAK:.3g} / flops_per_token(SIZES['base'], ObjectiveConfig(), 512)"
+          f" = {MFU} * {H100_BF16_PEAK:.3g} / {flops_per_token(SIZES['base'], ObjectiveConfig(), 512):.4g}"
+          f" = {goal:,.0f} tokens/s")
+    ratio = per_8_cores / goal
+    print(f"ratio: {per_8_cores:,.0f} / {goal:,.0f} = {ratio:.2f}x (target >= {GOAL_RATIO:g}x: "
+          f"{'met' if ratio >= GOAL_RATIO else 'NOT met'})")
+    return {"stream_tokens_per_s": rates[-1], "tokenize_tokens_per_s": tokenize_rate, "corrupt_tokens_per_s": corrupt_rate,
+            "cores": cores, "stream_per_8_cores": per_8_cores, "h100_tokens_per_s": goal, "ratio": ratio}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobs.stream_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", nargs="+", default=[], help="files, folders, globs or URIs (default: data/corpus)")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: train or reuse the cached one)")
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--vocab-size", type=int, default=32768, help="for the default tokenizer only")
+    parser.add_argument("--batch-size", type=int, default=64, help="blocks per corrupted batch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--num-cpus", type=float, help="logical CPUs of the local Ray (default: all cores)")
+    args = parser.parse_args(argv)
+    run(args.corpus, args.tokenizer, args.seq_len, args.vocab_size, args.batch_size, args.epochs, args.num_cpus)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Tokenizer job: SentencePiece BPE (the paper's choice) trained on a corpus read through Ray Data.
+
+    python -m jobs.tokenizer [--corpus PATH ...] --vocab-size N --out DIR [--cased] [--tracking-uri URI]
+
+The output directory loads offline with `transformers.AutoTokenizer.from_pretrained(DIR)` as a
+fast tokenizer whose special tokens are [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, the order
+`model.corruption.SpecialTokens` assumes; `encode` adds [CLS] ... [SEP]. It also keeps the raw
+SentencePiece model (`spm.model`) and `training_info.json` (corpus, sentence count, skip counts).
+
+Why a conversion: transformers 5's `AlbertTokenizer(vocab_file=...)` silently ignores the file,
+so the trained SentencePiece model is rebuilt with the `tokenizers` library: the same pieces,
+BPE merges ordered by piece score, SentencePiece's own precompiled normaliser (NFKC, plus case
+folding when uncased) and its whitespace handling (Metaspace). The test suite checks the fast
+tokenizer gives the same ids as SentencePiece on real text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
+from jobs.env import init_ray
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4: model.corruption.SpecialTokens
+SPM_FILE = "spm.model"
+INFO_FILE = "training_info.json"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# SentencePiece silently drops training sentences over max_sentence_length (4192 bytes by
+# default), which would lose every long document; 1000 characters fit even at 4 bytes each.
+_MAX_SENTENCE_CHARS = 1000
+
+
+def split_sentences(text: str) -> list[str]:
+    """Rough sentence split (after . ! ?), long pieces cut at a space, for SentencePiece's input."""
+    sentences = []
+    for piece in _SENTENCE_END.split(text):
+        while len(piece) > _MAX_SENTENCE_CHARS:
+            cut = piece.rfind(" ", 0, _MAX_SENTENCE_CHARS)
+            cut = cut if cut > 0 else _MAX_SENTENCE_CHARS
+            sentences.append(piece[:cut])
+            piece = piece[cut:].lstrip()
+        if piece:
+            sentences.append(piece)
+    return sentences
+
+
+def _sentences_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ray Data UDF: documents -> sentences."""
+    sentences = [s for text in batch["text"] for s in split_sentences(str(text))]
+    return {"text": np.array(sentences, dtype=object)}
+
+
+def _training_sentences(
+    paths: Sequence[str], max_sentences: int, sample_fraction: float, seed: int, max_record_chars: int
+) -> tuple[Iterator[str], ray.actor.ActorHandle]:
+    documents, counter = read_documents(paths, max_record_chars)
+    sentences = documents.map_batches(_sentences_batch, batch_format="numpy", num_cpus=0.25)
+    if sample_fraction < 1.0:  # a big corpus: sample across all files before the cap
+        sentences = sentences.random_sample(sample_fraction, seed=seed)
+    sentences = sentences.limit(max_sentences)
+    # In file order, so that the same corpus and seed give the same tokenizer.
+    sentences.context.execution_options.preserve_order = True
+    return (row["text"] for row in sentences.iter_rows()), counter
+
+
+def _train_spm(sentences: Iterator[str], vocab_size: int, model_file: Path, cased: bool, max_sentences: int) -> None:
+    import sentencepiece as spm
+
+    spm.set_random_generator_seed(0)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences,
+            model_prefix=str(model_file.with_suffix("")),
+            model_type="bpe",
+            vocab_size=vocab_size,
+            # nmt_nfkc_cf = NFKC + case folding: the uncased (lower-case) normalisation
+            normalization_rule_name="nmt_nfkc" if cased else "nmt_nfkc_cf",
+            pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+            control_symbols=list(SPECIAL_TOKENS[2:]),  # ids 2, 3, 4, right after pad and unk
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        raise ValueError(f"SentencePiece training failed (vocab {vocab_size} too big for the corpus?): {error}") from error
+
+
+def to_fast_tokenizer(model_file: Path, cased: bool):
+    """A transformers fast tokenizer with the same pieces, merges and normalisation as `model_file`."""
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    scores = [(p.piece, p.score) for p in proto.pieces]
+    vocab = {piece: i for i, (piece, _) in enumerate(scores)}
+    merges = generate_merges(vocab, scores, skip_tokens=SPECIAL_TOKENS)  # SentencePiece merges by piece score
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="[UNK]", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([
+        normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
+        normalizers.Strip(),  # SentencePiece's remove_extra_whitespaces
+        normalizers.Replace(Regex(" {2,}"), " "),
+    ])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", do_lower_case=not cased, model_max_length=512,
+    )
+
+
+def train_tokenizer(
+    paths: Sequence[str],
+    vocab_size: int,
+    out_dir: str | Path,
+    cased: bool = False,
+    max_sentences: int = 2_000_000,
+    sample_fraction: float = 1.0,
+    seed: int = 0,
+    max_record_chars: int = DEFAULT_MAX_RECORD_CHARS,
+) -> Path:
+    """Train SentencePiece BPE on at most `max_sentences` sentences of the corpus; save to `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sentences, counter = _training_sentences(paths, max_sentences, sample_fraction, seed, max_record_chars)
+    used = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal used
+        for sentence in sentences:
+            used += 1
+            yield sentence
+
+    _train_spm(counted(), vocab_size, out_dir / SPM_FILE, cased, max_sentences)
+    to_fast_tokenizer(out_dir / SPM_FILE, cased).save_pretrained(str(out_dir))
+    summary = skip_summary(counter)  # covers the files read before the sentence cap was reached
+    info = {
+        "vocab_size": vocab_size, "cased": cased, "model_type": "bpe", "sentences": used,
+        "max_sentences": max_sentences, "sample_fraction": sample_fraction, "seed": seed,
+        "corpus": list(paths), "files_read": summary.files, "documents": summary.documents,
+        "skipped": summary.skipped, "skipped_files": summary.skipped_files,
+    }
+    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return out_dir
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("COCOLM_CACHE", Path.home() / ".cache" / "cocolm-ray"))
+
+
+def tokenizer_key(paths: Sequence[str], vocab_size: int, cased: bool) -> str:
+    """Checksum of what determines the tokenizer: corpus file names and sizes, vocab size, case."""
+    files = [(f, -1) if is_uri(f) else (os.path.basename(f), os.path.getsize(f)) for f in expand_paths(paths)]
+    blob = json.dumps({"files": files, "vocab_size": vocab_size, "cased": cased, "format": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cached_default_tokenizer(vocab_size: int, cased: bool = False, paths: Sequence[str] | None = None) -> Path:
+    """The tokenizer for the shipped corpus (or `paths`), trained once and cached by checksum."""
+    paths = list(paths) if paths else shipped_corpus()
+    target = cache_dir() / "tokenizers" / tokenizer_key(paths, vocab_size, cased)
+    if (target / "tokenizer.json").exists():
+        return target
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    train_tokenizer(paths, vocab_size, staging, cased=cased)
+    try:
+        staging.rename(target)  # atomic: a reader never sees a half-written tokenizer
+    except OSError:  # another process finished first; its copy is identical in content
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def log_tokenizer(out_dir: Path, tracking_uri: str, experiment: str = "tokenizers") -> str:
+    """Log the tokenizer directory as an MLflow artifact (`tokenizer/`); returns the run id."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.tracking import check_tracking, end_run, experiment_id, log_params
+
+    info = json.loads((out_dir / INFO_FILE).read_text())
+    check_tracking(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    case = "cased" if info["cased"] else "uncased"
+    run_id = client.create_run(experiment_id(client, experiment, tracking_uri),
+                               run_name=f"spm-bpe-{info['vocab_size']}-{case}").info.run_id
+    ok = False
+    try:
+        log_params(client, run_id, {k: info[k] for k in ("vocab_size", "cased", "model_type", "max_sentences",
+                                                          "sample_fraction", "seed", "corpus")})
+        for key in ("sentences", "documents", "files_read"):
+            client.log_metric(run_id, key, info[key])
+        for reason, count in info["skipped"].items():
+            client.log_metric(run_id, f"skipped_{reason}", count)
+        client.log_artifacts(run_id, str(out_dir), artifact_path="tokenizer")
+        ok = True
+    finally:
+        end_run(client, run_id, ok)  # never leave a RUNNING run behind
+    return run_id
+
+
+def run(
+    paths: Sequence[str], vocab_size: int, out_dir: str, cased: bool = False,
+    max_sentences: int = 2_000_000, sample_fraction: float = 1.0, tracking_uri: str | None = None,
+) -> Path:
+    init_ray()
+    out = train_tokenizer(paths or shipped_corpus(), vocab_size, out_dir, cased, max_sentences, sample_fraction)
+    info = json.loads((out / INFO_FILE).read_text())
+    print(f"tokenizer: {out} (vocab {vocab_size}, {'cased' if cased else 'uncased'}, {info['sentences']} sentences)")
+    print(f"documents kept: {info['documents']} from {info['files_read']} files; skipped: {info['skipped'] or 'nothing'}")
+    for reason, files in info["skipped_files"].items():
+        print(f"  {reason}: {', '.join(files)}")
+    if tracking_uri:
+        print(f"logged to MLflow run {log_tokenizer(out, tracking_uri)}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobs.tokenizer", description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", nargs="+", default=[], help="files, folders, globs or URIs (default: data/corpus)")
+    parser.add_argument("--vocab-size", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    case = parser.add_mutually_exclusive_group()
+    case.add_argument("--cased", dest="cased", action="store_true", help="keep case")
+    case.add_argument("--uncased", dest="cased", action="store_false", help="lower-case (the default)")
+    parser.add_argument("--max-sentences", type=int, default=2_000_000, help="cap on training sentences")
+    parser.add_argument("--sample-fraction", type=float, default=1.0, help="sample this fraction of sentences first")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI: log the tokenizer as an artifact")
+    args = parser.parse_args(argv)
+    run(args.corpus, args.vocab_size, args.out, args.cased, args.max_sentences, args.sample_fraction, args.tracking_uri)
+
+
+if __name__ == "__main__":
+    main()

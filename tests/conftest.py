@@ -1,0 +1,42 @@
+"""Shared fixtures: one local Ray session and one small tokenizer for the whole test run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# The number of logical CPUs Ray gets in tests: 2, the size of the smallest machine we support, so
+# the suite proves that the stream (fractional-CPU tasks) cannot starve or deadlock there.
+RAY_TEST_CPUS = 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test module imports transformers / huggingface_hub, which read HF_HUB_OFFLINE at import.
+    from jobs.env import set_hermetic_env
+
+    set_hermetic_env()
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray with RAY_TEST_CPUS logical CPUs, shared by every test that needs Ray."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(ray_local, tmp_path_factory) -> Path:
+    """A 1000-piece uncased SentencePiece BPE tokenizer trained once on the shipped corpus."""
+    from jobs.corpus import shipped_corpus
+    from jobs.tokenizer import train_tokenizer
+
+    return train_tokenizer(shipped_corpus(), vocab_size=1000, out_dir=tmp_path_factory.mktemp("tokenizer"))

@@ -1,0 +1,258 @@
+"""The Ray Data stream: reading and cleaning with counted skips, packing, dynamic corruption, splitting."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from jobs.corpus import clean_text, read_documents, shipped_corpus, skip_summary
+from jobs.stream import DataConfig, build_stream, corrupt, pack, pretraining_batches
+from model.corruption import SpecialTokens
+
+pytestmark = pytest.mark.timeout(120)
+SPECIAL = SpecialTokens()
+SEQ_LEN = 64
+
+
+def _shipped_texts(count: int, skip: int = 0) -> list[str]:
+    """Real documents from the shipped corpus (Wikipedia leads), raw."""
+    with gzip.open(shipped_corpus()[-1], "rt", encoding="utf-8") as lines:
+        rows = [json.loads(line)["text"] for _, line in zip(range(skip + count), lines)]
+    return rows[skip:]
+
+
+def _write_jsonl(path: Path, rows: list[object]) -> None:
+    lines = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+    path.write_bytes(gzip.compress(lines) if path.suffix == ".gz" else lines)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A folder of real text in every format, and its documents after cleaning."""
+    folder = tmp_path_factory.mktemp("corpus")
+    texts = _shipped_texts(240)
+    _write_jsonl(folder / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts[:60])])
+    _write_jsonl(folder / "b.jsonl.gz", [{"text": t} for t in texts[60:120]])
+    (folder / "c.txt").write_text("\n\n".join(t.replace("\n", " ") for t in texts[120:180]) + "\n")
+    pq.write_table(pa.table({"text": texts[180:]}), folder / "d.parquet")
+    return folder, [clean_text(t.replace("\n", " ")) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def stream(ray_local, corpus, tokenizer_dir):
+    cfg = DataConfig(paths=(str(corpus[0]),), tokenizer_dir=str(tokenizer_dir), seq_len=SEQ_LEN, pack_batch_docs=16,
+                     batch_size=32, seed=7, block_bytes=16 << 10)  # small blocks: several per shard
+    return cfg, build_stream(cfg)
+
+
+@pytest.fixture(scope="module")
+def blocks(stream) -> np.ndarray:
+    return np.concatenate([b["input_ids"] for b in stream[1].blocks.iter_batches(batch_size=None, batch_format="numpy")])
+
+
+def _documents_in(blocks: np.ndarray) -> list[tuple[int, ...]]:
+    """Undo packing: drop [CLS] and [PAD], split the token stream at [SEP]."""
+    tokens = blocks[:, 1:].reshape(-1)
+    tokens = tokens[tokens != SPECIAL.pad]
+    ends = np.flatnonzero(tokens == SPECIAL.sep)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    assert len(ends) and ends[-1] == len(tokens) - 1, "every document ends with [SEP]"
+    return [tuple(tokens[s:e]) for s, e in zip(starts, ends)]
+
+
+# ---------------------------------------------------------------- packing
+
+
+def test_pack_keeps_every_token_in_order():
+    rng = random.Random(0)
+    documents = [[rng.randrange(5, 999) for _ in range(rng.choice([0, 1, 5, 40, 63, 64, 200]))] for _ in range(300)]
+    blocks = pack(documents, 16)
+    assert blocks.shape[1] == 16 and blocks.dtype == np.int32
+    assert (blocks[:, 0] == SPECIAL.cls).all() and (blocks[:, 1:] != SPECIAL.cls).all()
+    assert (blocks[:-1] != SPECIAL.pad).all(), "only the last block is padded"
+    assert _documents_in(blocks) == [tuple(d) for d in documents]
+
+
+def test_stream_keeps_every_token_of_every_document(stream, blocks, corpus, tokenizer_dir):
+    from jobs.stream import load_tokenizer
+
+    expected = [tuple(e.ids) for e in load_tokenizer(str(tokenizer_dir)).encode_batch(corpus[1], add_special_tokens=False)]
+    assert blocks.shape[1] == SEQ_LEN and (blocks[:, 0] == SPECIAL.cls).all()
+    # Ray may emit the packed batches in any order; inside a batch the blocks stay in order.
+    assert collections.Counter(_documents_in(blocks)) == collections.Counter(expected)
+    summary = skip_summary(stream[1].skips)
+    assert (summary.files, summary.documents, summary.skipped) == (4, 240, {})
+
+
+# ---------------------------------------------------------------- corruption
+
+
+def test_mask_rate_is_15_percent_and_never_cls_or_padding(blocks):
+    batch = corrupt({"input_ids": blocks}, epoch=0, seed=0)
+    positions, lengths = batch["mask_positions"], batch["attention_mask"].sum(1)
+    counts = positions.sum(1)
+    floor = (0.15 * lengths.double()).floor().long()
+    assert ((counts == floor) | (counts == floor + 1)).all()  # int(0.15 * length + U[0, 1)) per block
+    assert abs(counts.sum().item() / (0.15 * lengths.sum().item()) - 1) < 0.01
+    assert not positions[:, 0].any() and not (positions & ~batch["attention_mask"]).any()
+    assert torch.equal(batch["masked_ids"][positions], torch.full_like(batch["masked_ids"][positions], SPECIAL.mask))
+    assert torch.equal(batch["masked_ids"][~positions], batch["input_ids"][~positions])
+
+
+def test_crops_have_length_int_09_t_and_keep_cls_first(blocks):
+    batch = corrupt({"input_ids": blocks}, epoch=0, seed=0)
+    crop_ids, crop_mask = batch["crop_ids"], batch["crop_attention_mask"]
+    assert crop_ids.shape == (len(blocks), int(0.9 * SEQ_LEN))
+    lengths = batch["attention_mask"].sum(1)
+    assert torch.equal(crop_mask.sum(1), (0.9 * lengths.double()).floor().long())
+    assert (crop_ids[:, 0] == SPECIAL.cls).all()
+    for row, crop, length in zip(batch["input_ids"], crop_ids, crop_mask.sum(1)):  # a contiguous span
+        span, source = crop[1:length].tolist(), row[1:].tolist()
+        assert any(source[i : i + len(span)] == span for i in range(len(source) - len(span) + 1))
+
+
+def test_same_seed_same_batches_whatever_the_order(blocks):
+    batch = {"input_ids": blocks[:64]}
+    first, again = corrupt(batch, 0, 7), corrupt(batch, 0, 7)
+    reordered = corrupt({"input_ids": blocks[:64][::-1].copy()}, 0, 7)
+    for key in first:
+        assert torch.equal(first[key], again[key]) and torch.equal(first[key], reordered[key].flip(0))
+    assert not torch.equal(first["mask_positions"], corrupt(batch, 1, 7)["mask_positions"])  # a new epoch, a new mask
+    assert not torch.equal(first["mask_positions"], corrupt(batch, 0, 8)["mask_positions"])
+
+
+def test_two_passes_of_the_ray_stream_give_the_same_batches(stream):
+    cfg, (blocks, _, _) = stream
+
+    def by_block(epoch: int) -> dict[bytes, bytes]:
+        return {row.numpy().tobytes(): masked.numpy().tobytes()
+                for batch in pretraining_batches(blocks, cfg, epoch)
+                for row, masked in zip(batch["input_ids"], batch["masked_ids"])}
+
+    first = by_block(0)
+    assert by_block(0) == first
+    assert by_block(1) != first
+
+
+# ---------------------------------------------------------------- splitting for Ray Train
+
+
+def test_two_workers_get_disjoint_shards_that_cover_the_corpus(stream, blocks):
+    # equal=False: equal=True may drop rows to even the shards out, which would lose tokens.
+    shards = stream[1].blocks.streaming_split(2, equal=False)
+    seen: list[list[bytes]] = [[], []]
+
+    def consume(rank: int) -> None:  # the iterators must be consumed concurrently, or the split stalls
+        for batch in shards[rank].iter_batches(batch_size=8, batch_format="numpy"):
+            seen[rank] += [row.tobytes() for row in batch["input_ids"]]
+
+    threads = [threading.Thread(target=consume, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    whole = collections.Counter(row.tobytes() for row in blocks)
+    assert max(whole.values()) == 1
+    assert seen[0] and seen[1]
+    assert not set(seen[0]) & set(seen[1])
+    assert collections.Counter(seen[0] + seen[1]) == whole
+
+
+@pytest.mark.timeout(180)
+def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
+    """The DESIGN.md hang: Train workers hold CPUs while Ray Data needs some. Fractional CPUs on both sides."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    cfg, (blocks, _, _) = stream
+
+    def loop(config: dict) -> None:
+        import ray.train
+
+        context = ray.train.get_context()
+        batches = list(pretraining_batches(ray.train.get_dataset_shard("train"), cfg, epoch=0))
+        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+        Path(config["out"], f"rank{context.get_world_rank()}.json").write_text(json.dumps([len(batches), tokens]))
+
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config={"out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        datasets={"train": blocks},
+        run_config=RunConfig(name="stream-test", storage_path=str(tmp_path / "ray")),
+    )
+    trainer.fit()
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(n_batches > 0 for n_batches, _ in results)
+    assert sum(tokens for _, tokens in results) > 0
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_each_kind_of_bad_input_is_skipped_and_counted(ray_local, tmp_path):
+    good = _shipped_texts(4, skip=300)
+    _write_jsonl(tmp_path / "mixed.jsonl", [
+        {"text": good[0]},
+        '{"text": "a broken line',  # bad_json
+        {"text": "   \n\t "},  # empty
+        {"text": "\u200b\x00\x07"},  # empty after removing control and format characters
+        {"text": "x" * 1001},  # too_long
+        {"title": "no text field"},  # no_text
+        {"text": None},  # no_text
+        {"text": good[1]},
+    ])
+    with open(tmp_path / "mixed.jsonl", "ab") as f:
+        f.write(b'{"text": "caf\xe9 latin-1 is not UTF-8"}\n')  # bad_utf8
+    (tmp_path / "broken.txt").write_bytes(  # 2x bad_utf8: a few broken lines in a text file drop only those lines
+        good[2].encode() + b"\n\xff\xfe broken line\n\n" + good[3].encode() + b"\n\n\xc3\x28\n")
+    (tmp_path / "junk.txt").write_bytes(bytes(range(256)) * 4)  # binary_file: NUL bytes
+    (tmp_path / "latin.txt").write_bytes(bytes(range(128, 256)) * 8)  # binary_file: no line decodes
+    (tmp_path / "truncated.jsonl.gz").write_bytes(gzip.compress(b'{"text": "cut short"}\n' * 50)[:40])  # unreadable
+    (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # unsupported_format
+    pq.write_table(pa.table({"text": ["parquet row", None]}), tmp_path / "rows.parquet")  # + no_text
+
+    documents, counter = read_documents([str(tmp_path)], max_record_chars=1000)
+    kept = sorted(documents.to_pandas()["text"])
+    assert kept == sorted([clean_text(t) for t in good] + ["parquet row"])
+    summary = skip_summary(counter)
+    assert summary.skipped == {"bad_json": 1, "empty": 2, "too_long": 1, "no_text": 3, "bad_utf8": 3,
+                               "binary_file": 2, "unreadable_file": 1, "unsupported_format": 1}
+    assert summary.skipped_files == {"binary_file": [str(tmp_path / "junk.txt"), str(tmp_path / "latin.txt")],
+                                     "unreadable_file": [str(tmp_path / "truncated.jsonl.gz")],
+                                     "unsupported_format": [str(tmp_path / "picture.png")]}
+    assert (summary.files, summary.documents) == (7, 5)
+    assert "skipped bad_utf8: 3" in summary.format()
+
+
+def test_a_corpus_with_nothing_usable_is_a_clear_error(ray_local, tmp_path):
+    _write_jsonl(tmp_path / "blank.jsonl", [{"text": " "}, {"text": "\x00"}])
+    (tmp_path / "junk.txt").write_bytes(b"\x00\x01\x02")
+    with pytest.raises(ValueError, match="corpus is empty") as error:
+        read_documents([str(tmp_path)])
+    assert str(tmp_path) in str(error.value) and "skipped empty: 2" in str(error.value)
+    assert "skipped binary_file: 1" in str(error.value)
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(ValueError, match="corpus is empty"):
+        read_documents([str(tmp_path / "nothing")])
+
+
+def test_a_missing_path_is_named(tmp_path):
+    for missing in (tmp_path / "no-such-file.jsonl", tmp_path / "no-such-*.txt"):
+        with pytest.raises(FileNotFoundError, match=str(missing).replace("*", r"\*")):
+            read_documents([str(missing)])
+
+
+def test_clean_text():
+    assert clean_text("  ﬁne\u00a0day\x00,\u200b\tnew\n\nline  ") == "fine day, new line"
+    assert clean_text("\x7f \ufeff") == ""

@@ -1,0 +1,104 @@
+"""The tokenizer job: SentencePiece BPE trained through Ray Data, loaded offline by AutoTokenizer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs.corpus import clean_text, shipped_corpus
+from jobs.tokenizer import SPECIAL_TOKENS
+from model.corruption import SpecialTokens
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _load(directory: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
+def _shipped_documents(count: int) -> list[str]:
+    docs = []
+    for path in shipped_corpus():
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            docs += [clean_text(json.loads(line)["text"]) for _, line in zip(range(count), lines)]
+    return docs
+
+
+def _small_corpus(folder: Path, documents: int = 60) -> Path:
+    """Real text (the first Austen chapters), cased, as a .txt file of blank-line-separated documents."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(shipped_corpus()[0], "rt", encoding="utf-8") as lines:
+        texts = [json.loads(line)["text"] for _, line in zip(range(documents), lines)]
+    (folder / "austen.txt").write_text("\n\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_loads_offline_as_fast_tokenizer_with_special_ids_0_to_4(tokenizer_dir):
+    tok = _load(tokenizer_dir)
+    assert tok.is_fast
+    ids = [tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id]
+    assert ids == [0, 1, 2, 3, 4]
+    assert SpecialTokens(*ids) == SpecialTokens()  # the ids the corruption maths assumes
+    assert tok.convert_ids_to_tokens(list(range(5))) == list(SPECIAL_TOKENS)
+    assert len(tok) == 1000
+    encoded = tok("Hello world")["input_ids"]
+    assert encoded[0] == tok.cls_token_id and encoded[-1] == tok.sep_token_id
+    assert (tokenizer_dir / "spm.model").is_file() and (tokenizer_dir / "training_info.json").is_file()
+
+
+def test_uncased_round_trip_is_the_lowercased_cleaned_text(tokenizer_dir):
+    tok = _load(tokenizer_dir)
+    text = '  The QUICK brown fox\tjumped over the Lazy dog;\n\n she said: "It is a truth universally acknowledged."  '
+    ids = tok(text)["input_ids"]
+    assert tok.unk_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == clean_text(text).lower()
+
+
+def test_fast_tokenizer_matches_sentencepiece_on_real_text(tokenizer_dir):
+    import sentencepiece as spm
+
+    tok = _load(tokenizer_dir)
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))
+    documents = _shipped_documents(100)
+    assert [tok(d, add_special_tokens=False)["input_ids"] for d in documents] == sp.encode(documents)
+
+
+def test_cli_trains_cased_and_logs_the_directory_to_mlflow(ray_local, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from jobs.tokenizer import main
+
+    corpus, out, db = _small_corpus(tmp_path / "corpus"), tmp_path / "tok", tmp_path / "mlruns" / "mlflow.db"
+    main(["--corpus", str(corpus), "--vocab-size", "300", "--out", str(out), "--cased",
+          "--tracking-uri", f"sqlite:///{db}"])
+    tok = _load(out)
+    assert tok.decode(tok("Emma Woodhouse")["input_ids"], skip_special_tokens=True) == "Emma Woodhouse"
+    info = json.loads((out / "training_info.json").read_text())
+    assert info["cased"] is True and info["documents"] == 60 and info["skipped"] == {}
+    client = MlflowClient(f"sqlite:///{db}")
+    (run,) = client.search_runs([client.get_experiment_by_name("tokenizers").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["vocab_size"] == "300"
+    logged = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "tokenizer")}
+    assert {"tokenizer.json", "tokenizer_config.json", "spm.model", "training_info.json"} <= logged
+
+
+def test_cached_tokenizer_is_trained_once_per_checksum(ray_local, tmp_path, monkeypatch):
+    import jobs.tokenizer as tokenizer_job
+
+    monkeypatch.setenv("COCOLM_CACHE", str(tmp_path / "cache"))
+    corpus = [str(_small_corpus(tmp_path / "corpus"))]
+    first = tokenizer_job.cached_default_tokenizer(300, paths=corpus)
+    assert first.parent == tmp_path / "cache" / "tokenizers" and (first / "tokenizer.json").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached tokenizer was trained again")
+
+    monkeypatch.setattr(tokenizer_job, "train_tokenizer", no_training)
+    assert tokenizer_job.cached_default_tokenizer(300, paths=corpus) == first
+    assert tokenizer_job.tokenizer_key(corpus, 301, False) != first.name  # vocab size is in the key
+    assert tokenizer_job.tokenizer_key(corpus, 300, True) != first.name  # and case
