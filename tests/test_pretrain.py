@@ -1,0 +1,266 @@
+"""Pretraining on Ray Train with MLflow: the job end to end, resume, failure recovery, config rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from jobs import checkpoint
+from jobs.checkpoint import TrainState
+from jobs.config import available_presets, resolve, to_yaml, with_vocab_size
+from jobs.pretrain import main, run
+from jobs.train_loop import build_training
+from model import VARIANTS
+from model.bench import random_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_SIGNALS = [
+    "loss", "aux_mlm_loss", "copy_loss", "lm_loss", "clm_loss", "scl_loss", "aux_mlm_accuracy",
+    "copy_accuracy_replaced", "copy_accuracy_original", "lm_accuracy_replaced", "lm_accuracy_original",
+    "scl_positive_cosine", "scl_negative_cosine", "learning_rate", "grad_norm", "tokens_per_second",
+    "cpu_worker_hours", "corpus_documents",
+]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def tiny_overrides(tokenizer_dir: Path, *extra: str) -> list[str]:
+    return [f"data.tokenizer_dir={tokenizer_dir}", "train.warmup_steps=5", "train.log_every=5", *extra]
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_every_preset_resolves_with_every_variant():
+    for preset in available_presets():
+        for name in VARIANTS:
+            cfg = resolve(preset, name)
+            assert cfg.model.hidden_size % cfg.model.num_heads == 0
+    assert resolve("tiny", "crop_0.7").data.crop_fraction == 0.7
+    assert resolve("base", "no_rel_pos").model.relative_position is False
+    assert set(available_presets()) == {"tiny", "small", "base", "base++", "large++"}
+
+
+def test_overrides_are_typed_and_have_the_last_word():
+    cfg = resolve("tiny", "crop_0.7", ["train.peak_lr=3e-4", "data.crop_fraction=0.8", "model.num_layers=3"])
+    assert cfg.train.peak_lr == 3e-4 and isinstance(cfg.train.peak_lr, float)  # YAML reads 3e-4 as a string
+    assert cfg.data.crop_fraction == 0.8 and cfg.model.num_layers == 3
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.lr=1", "train.lr"),
+    ("optim.lr=1", "unknown section 'optim'"),
+    ("train.max_steps", "expected section.key=value"),
+    ("objective.use_scl=maybe", "must be true or false"),
+    ("train.max_steps=many", "must be a number"),
+])
+def test_bad_config_is_an_error_that_names_the_key(override, message):
+    with pytest.raises(ValueError, match=message):
+        resolve("tiny", "cocolm", [override])
+
+
+def test_unknown_preset_and_variant_are_named():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        resolve("huge")
+    with pytest.raises(ValueError, match="unknown variant 'bert'"):
+        resolve("tiny", "bert")
+
+
+def test_unreachable_tracking_server_fails_before_compute(home):
+    cfg = resolve("tiny")
+    with pytest.raises(ConnectionError, match="127.0.0.1:9 is unreachable"):
+        run(cfg, tracking_uri="http://127.0.0.1:9")
+
+
+# ------------------------------------------------------------- plain PyTorch (no Ray)
+
+
+def _steps(model, optimizer, scheduler, batch, n: int) -> None:
+    for _ in range(n):
+        model(batch).loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+
+def test_checkpoint_round_trip_gives_equal_parameters_and_optimizer_state(tmp_path):
+    cfg = with_vocab_size(resolve("tiny", "cocolm", ["model.hidden_size=32", "model.ffn_size=64"]), 300)
+    model, optimizer, scheduler = build_training(cfg)
+    batch = random_batch(4, 32, 300, 0.9)
+    _steps(model, optimizer, scheduler, batch, 2)
+    state = TrainState(step=2, epoch=1, batches_in_epoch=7, tokens_seen=256, device_hours=0.5)
+    checkpoint.save(tmp_path / "ckpt", model, optimizer, scheduler, state, to_yaml(cfg), None)
+
+    model2, optimizer2, scheduler2 = build_training(cfg)
+    assert checkpoint.load(tmp_path / "ckpt", model2, optimizer2, scheduler2) == state
+    for (name, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in model2.state_dict())
+    for s1, s2 in zip(optimizer.state_dict()["state"].values(), optimizer2.state_dict()["state"].values()):
+        assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    assert scheduler.state_dict() == scheduler2.state_dict()
+    # Training on from both gives the same parameters: nothing was left out of the checkpoint.
+    for m, o, s in ((model, optimizer, scheduler), (model2, optimizer2, scheduler2)):
+        torch.manual_seed(1)  # the same replacement draws for both
+        _steps(m.eval(), o, s, batch, 1)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+def test_every_variant_runs_a_few_training_steps(tmp_path):
+    """Config resolution, model and optimizer building of every variant through the job's own code."""
+    small = ["model.hidden_size=32", "model.ffn_size=64", "data.seq_len=32"]
+    base = with_vocab_size(resolve("tiny", "cocolm", small), 300)
+    model, optimizer, scheduler = build_training(base)
+    checkpoint.save(tmp_path / "finished", model, optimizer, scheduler, TrainState(), to_yaml(base), None)
+    for name, chosen in VARIANTS.items():
+        extra = [f"train.aux_checkpoint={tmp_path / 'finished'}"] if name == "converged_aux" else []
+        cfg = with_vocab_size(resolve("tiny", name, small + extra), 300)
+        model, optimizer, scheduler = build_training(cfg)
+        batch = random_batch(4, 32, 300, cfg.data.crop_fraction)
+        losses = []
+        for _ in range(3):
+            out = model(batch)
+            out.loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(out.loss.item())
+        assert all(torch.isfinite(torch.tensor(losses))), name
+
+
+def test_converged_aux_needs_a_checkpoint():
+    cfg = with_vocab_size(resolve("tiny", "converged_aux"), 300)
+    with pytest.raises(ValueError, match="train.aux_checkpoint"):
+        build_training(cfg)
+
+
+# ------------------------------------------------------------------ Ray Train runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_worker_pretraining_lowers_the_loss_and_logs_every_signal(ray_local, tokenizer_dir, home):
+    cfg = resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, "train.max_steps=40", "cluster.workers=2",
+                                                   "train.checkpoint_every=20"))
+    result = run(cfg)
+    client = MlflowClient(result.tracking_uri)
+    mlflow_run = client.get_run(result.run_id)
+    assert mlflow_run.info.status == "FINISHED"
+    loss = history(client, result.run_id, "loss")
+    assert [s for s, _ in loss] == list(range(5, 45, 5))
+    assert loss[-1][1] < 0.8 * loss[0][1], loss
+    assert set(PAPER_SIGNALS) <= set(mlflow_run.data.metrics), set(PAPER_SIGNALS) - set(mlflow_run.data.metrics)
+    assert mlflow_run.data.params["cluster.workers"] == "2" and mlflow_run.data.params["objective.copy_weight"] == "50.0"
+    assert {"preset", "variant", "git_commit"} <= set(mlflow_run.data.tags)
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"config.yaml", "encoder", "tokenizer"} <= artifacts
+    # The exported encoder loads with transformers, offline.
+    import transformers
+
+    encoder_dir = client.download_artifacts(result.run_id, "encoder", str(home / "download"))
+    loaded = transformers.AutoModel.from_pretrained(encoder_dir, trust_remote_code=True)
+    assert loaded.config.vocab_size == 1000  # the tokenizer's vocabulary, not the preset's 4000
+    # Re-running the finished command does not train again.
+    assert run(cfg).status == "ALREADY_FINISHED"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local, tokenizer_dir, home):
+    args = ["--preset", "tiny", *[x for o in tiny_overrides(tokenizer_dir, "train.max_steps=40",
+                                                            "train.checkpoint_every=10") for x in ("--set", o)]]
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rk", dir="/tmp")}  # its own Ray, killed with it
+    driver = subprocess.Popen([sys.executable, "-m", "jobs.pretrain", *args], cwd=ROOT, env=env,
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 400
+        while not list(home.glob("ray_results/*/checkpoint_step_00000010")):
+            assert driver.poll() is None, "the driver ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint within the time limit"
+            time.sleep(1)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-run
+        driver.wait()
+    result = main(args)
+    assert result.status == "FINISHED"
+    client = MlflowClient(result.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    assert [r.info.run_id for r in runs] == [result.run_id]  # the same MLflow run, not a second one
+    steps = [s for s, _ in history(client, result.run_id, "loss")]
+    assert sorted(set(steps)) == list(range(5, 45, 5))
+    repeated = {s for s in steps if steps.count(s) > 1}
+    last_checkpoint_before_kill = max(s for s in (10, 20, 30) if s <= min(repeated, default=40))
+    assert all(last_checkpoint_before_kill < s <= last_checkpoint_before_kill + 10 for s in repeated), steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home):
+    cfg = resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5",
+                                                   "train.fail_once_at_step=12"))
+    result = run(cfg)
+    assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
+    assert (home / "ray_results" / result.run_name / "injected_failure").exists()
+    client = MlflowClient(result.tracking_uri)
+    assert [s for s, _ in history(client, result.run_id, "loss")][-1] == 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_local, tokenizer_dir, home):
+    cfg = resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=1",
+                                                   "train.peak_lr=.inf", "train.warmup_steps=1"))
+    with pytest.raises(RuntimeError, match="non-finite loss or gradient at step 2.*checkpoint_step_00000001"):
+        run(cfg)
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    (failed,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    assert failed.info.status == "FAILED"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ray_job_submit_end_to_end(tokenizer_dir, home):
+    """`ray start --head`, `ray job submit --working-dir .`, `ray job logs`, `ray stop`: the README's local flow."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp")}
+    env.pop("RAY_ADDRESS", None)
+    subprocess.run([ray_bin, "start", "--head", "--num-cpus", "2", "--disable-usage-stats"], env=env, check=True,
+                   capture_output=True)
+    try:
+        runtime_env = json.dumps({"env_vars": {"COCOLM_HOME": str(home)}})
+        submit = subprocess.run(
+            [ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
+             "--runtime-env-json", runtime_env, "--",
+             sys.executable, "-m", "jobs.pretrain", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
+             "--set", "train.max_steps=10", "--set", "train.checkpoint_every=10", "--set", "train.log_every=5"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=800,
+        )
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+        assert "MLflow run id:" in submit.stdout and "succeeded" in submit.stdout
+        job_id = next(line.split("'")[1] for line in submit.stdout.splitlines() if "submitted successfully" in line)
+        logs = subprocess.run([ray_bin, "job", "logs", "--address", "http://127.0.0.1:8265", job_id], env=env,
+                              capture_output=True, text=True, check=True)
+        assert "step 10/10" in logs.stdout
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True)
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    (finished,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    assert finished.info.status == "FINISHED"
