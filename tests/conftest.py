@@ -20,6 +20,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that start and `ray stop` a whole Ray cluster run last: `ray stop` ends every Ray
+    # process on the machine, the suite's in-process session included.
+    items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray with RAY_TEST_CPUS logical CPUs, shared by every test that needs Ray."""
