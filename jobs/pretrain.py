@@ -43,7 +43,7 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
     storage = storage or tracking.default_storage()
-    init_ray()
+    init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
     from .stream import build_stream
 
     stream = build_stream(cfg.data)

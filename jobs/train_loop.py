@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -128,15 +129,22 @@ class Logger:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, state.step) for k, v in metrics.items()])
         left = (self.cfg.train.max_steps - state.step) * step_seconds
-        print(f"step {state.step}/{self.cfg.train.max_steps} | loss {metrics['loss']:.3f} | "
+        say(f"step {state.step}/{self.cfg.train.max_steps} | loss {metrics['loss']:.3f} | "
               + " ".join(f"{k.removesuffix('_loss')} {metrics[k]:.3f}" for k in
                          ("aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss") if k in metrics)
-              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {_duration(left)} left", flush=True)
+              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {_duration(left)} left")
 
     def stop(self, reason: str) -> None:
         if self.enabled:
             self.client.set_tag(self.run_id, STOP_TAG, reason)
-            print(f"STOPPED: {reason}", flush=True)
+            say(f"STOPPED: {reason}")
+
+
+def say(line: str) -> None:
+    """One line to the worker's stdout, which Ray forwards to the driver. Not `print`: Ray Train V2
+    patches print in workers to tee it *and* log it, so each line would reach the console twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _duration(seconds: float) -> str:
@@ -164,7 +172,7 @@ def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainSta
         if not marker.exists():
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(f"worker killed at step {state.step}\n")
-            print(f"injected failure: killing rank 0 at step {state.step}", flush=True)
+            say(f"injected failure: killing rank 0 at step {state.step}")
             os._exit(1)
 
 
@@ -183,7 +191,7 @@ def train_loop_per_worker(config: dict) -> None:
         with resumed.as_directory() as directory:
             state = checkpoint.load(Path(directory), model, optimizer, scheduler)
         if rank == 0:
-            print(f"resumed from {resumed.path} at step {state.step}", flush=True)
+            say(f"resumed from {resumed.path} at step {state.step}")
     wrapped = ray.train.torch.prepare_model(model)  # to device; DDP when world_size > 1
     optimizer_to(optimizer, device)
     accumulation = accumulation_steps(cfg, world_size)
