@@ -2,8 +2,10 @@
 
 One frozen dataclass per concept (model, objective, data, train, cluster). Every key is checked
 against the dataclass it lands in, so a typo is an error that names it instead of a silent default.
-Variants are defined once, in `model/variants.py` (the Ray-free GPU benchmark selects them there
-too); presets are YAML because they are what users copy and edit.
+The paper's variants are defined once, in `model/variants.py` (the Ray-free GPU benchmark selects
+them there too, and model/ reads no YAML); a user's own variants are YAML overlays in
+`platform/variants/`, each optionally extending a built-in one. Presets are YAML because they are
+what users copy and edit.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 
 import yaml
 
-from model import ModelConfig, ObjectiveConfig, model_size, variant
+from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
 
 from .stream import DataConfig
 
 PLATFORM = Path(__file__).resolve().parents[1] / "platform"
 PRESETS = PLATFORM / "presets"
+VARIANT_FILES = PLATFORM / "variants"
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,29 @@ def load_preset(name: str) -> dict[str, dict[str, Any]]:
     return {section: dict(raw.get(section) or {}) for section in SECTIONS}
 
 
+def available_variants() -> list[str]:
+    return sorted(VARIANTS) + sorted(p.stem for p in VARIANT_FILES.glob("*.yaml"))
+
+
+def variant_overlays(name: str) -> dict[str, dict[str, Any]]:
+    """A built-in variant's overlays, or a YAML variant's on top of the built-in it `extends`."""
+    if name in VARIANTS:
+        chosen = variant(name)
+        return {section: dict(getattr(chosen, section, {})) for section in SECTIONS}
+    path = VARIANT_FILES / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown variant {name!r}; choose one of {available_variants()}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    base = raw.pop("extends", "cocolm")
+    if base not in VARIANTS:
+        raise ValueError(f"{path}: extends {base!r}, which is not a built-in variant ({sorted(VARIANTS)})")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)} and 'extends'")
+    inherited = variant_overlays(base)
+    return {section: {**inherited[section], **(raw.get(section) or {})} for section in SECTIONS}
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
     """`section.key=value` pairs (values read as YAML) -> {section: {key: value}}."""
     out: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
@@ -144,10 +170,9 @@ def _coerce(cls: type, section: str, values: dict[str, Any]) -> dict[str, Any]:
 def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | None = None) -> PretrainConfig:
     """Preset, then the variant's overlays, then the user's overrides: the user has the last word."""
     layers = load_preset(preset)
-    chosen = variant(variant_name)
+    overlays = variant_overlays(variant_name)
     set_by_user = parse_overrides(overrides or [])
-    merged = {section: {**layers[section], **getattr(chosen, section, {}), **set_by_user[section]}
-              for section in SECTIONS}
+    merged = {section: {**layers[section], **overlays[section], **set_by_user[section]} for section in SECTIONS}
     size = merged["model"].pop("size", preset)
     model_cfg = model_size(size, **_coerce(ModelConfig, "model", merged["model"]))
     sections = {name: cls(**_coerce(cls, name, merged[name])) for name, cls in SECTIONS.items() if name != "model"}

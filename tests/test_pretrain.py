@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from jobs import checkpoint
 from jobs.checkpoint import TrainState
-from jobs.config import available_presets, resolve, to_yaml, with_vocab_size
+from jobs.config import available_presets, available_variants, resolve, to_yaml, with_vocab_size
 from jobs.pretrain import main, run
 from jobs.train_loop import build_training
 from model import VARIANTS
@@ -51,12 +51,29 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, floa
 
 def test_every_preset_resolves_with_every_variant():
     for preset in available_presets():
-        for name in VARIANTS:
+        for name in available_variants():
             cfg = resolve(preset, name)
             assert cfg.model.hidden_size % cfg.model.num_heads == 0
     assert resolve("tiny", "crop_0.7").data.crop_fraction == 0.7
     assert resolve("base", "no_rel_pos").model.relative_position is False
     assert set(available_presets()) == {"tiny", "small", "base", "base++", "large++"}
+
+
+def test_yaml_variants_extend_a_built_in_one(tmp_path, monkeypatch):
+    assert resolve("tiny", "cocolm_reuse_logits").objective.sample_in_eval is False
+    assert resolve("tiny", "cocolm_gathered_negatives").objective.scl_gather is True
+    import jobs.config
+
+    monkeypatch.setattr(jobs.config, "VARIANT_FILES", tmp_path)
+    (tmp_path / "electra_long_crop.yaml").write_text("extends: electra\ndata: {crop_fraction: 0.7}\n")
+    cfg = resolve("tiny", "electra_long_crop")
+    assert cfg.objective.use_lm is False and cfg.model.aux_width_divisor == 3 and cfg.data.crop_fraction == 0.7
+    (tmp_path / "typo.yaml").write_text("objective: {scl_wieght: 2}\n")
+    with pytest.raises(ValueError, match="objective.scl_wieght"):
+        resolve("tiny", "typo")
+    (tmp_path / "bad_base.yaml").write_text("extends: bert\n")
+    with pytest.raises(ValueError, match="extends 'bert'"):
+        resolve("tiny", "bad_base")
 
 
 def test_overrides_are_typed_and_have_the_last_word():
