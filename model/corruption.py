@@ -123,8 +123,14 @@ def make_pretraining_batch(
 
 
 def sample_replacements(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per masked position from softmax(logits) at temperature 1, computed in fp32. (N, V) -> (N,)"""
-    probs = torch.softmax(logits.float(), dim=-1)
+    """One token per masked position from softmax(logits) at temperature 1, computed in fp32. (N, V) -> (N,)
+
+    Non-finite logits (a diverged auxiliary) are made finite first: multinomial would otherwise raise
+    (a device-side assert on CUDA) before the step's loss exists. The same logits make the auxiliary's
+    loss non-finite, so the training loop's one non-finite check stops the run with its own message.
+    """
+    finite = torch.finfo(torch.float32).max / 2
+    probs = torch.softmax(logits.float().nan_to_num(nan=0.0, posinf=finite, neginf=-finite), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

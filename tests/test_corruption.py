@@ -123,3 +123,10 @@ def test_random_replacements_are_uniform():
     drawn = random_replacements(50000, 10, torch.device("cpu"), torch.Generator().manual_seed(10))
     freq = torch.bincount(drawn, minlength=10).float() / drawn.numel()
     assert torch.allclose(freq, torch.full((10,), 0.1), atol=0.01)
+
+
+def test_sampling_survives_non_finite_logits():
+    """A diverged auxiliary must not crash sampling: the loss, not multinomial, reports the divergence."""
+    logits = torch.tensor([[float("nan")] * 4, [0.0, float("inf"), 0.0, 0.0], [float("-inf"), 0.0, 0.0, 0.0]])
+    drawn = sample_replacements(logits, torch.Generator().manual_seed(11))
+    assert drawn.shape == (3,) and drawn[1] == 1 and drawn[2] != 0

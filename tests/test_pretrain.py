@@ -252,12 +252,12 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     assert failed.info.status == "FAILED"
 
 
-def _submit(command: list, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+def _submit(command: list, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     """`ray job submit`, retried while the fresh head's dashboard agent is still starting."""
     deadline = time.time() + timeout
     while True:
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
-        if "No available agent" not in result.stderr or time.time() > deadline:
+        if "No available agent" not in result.stdout + result.stderr or time.time() > deadline:
             return result
         time.sleep(3)
 
