@@ -86,21 +86,24 @@ def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
 
 @dataclass
 class Interval:
-    """Sums over one log interval, turned into means and rates when logged."""
+    """Sums over one log interval, kept as device tensors so a micro-batch costs no device sync;
+    turned into means (NaN entries, such as an accuracy over an empty set, left out) when logged."""
 
     started: float = field(default_factory=time.perf_counter)
     steps: int = 0
-    micro_batches: int = 0
-    sums: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def add(self, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
-            self.counts[key] = self.counts.get(key, 0) + 1
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        for key, value in values.items():
+            present = ~torch.isnan(value)
+            self.sums[key] = self.sums.get(key, 0.0) + torch.where(present, value, 0.0)
+            self.counts[key] = self.counts.get(key, 0.0) + present.float()
 
     def means(self) -> dict[str, float]:
-        return {key: self.sums[key] / self.counts[key] for key in self.sums}
+        keys = list(self.sums)
+        sums, counts = (torch.stack([d[k] for k in keys]).tolist() for d in (self.sums, self.counts))
+        return {key: total / count for key, total, count in zip(keys, sums, counts) if count}
 
 
 class Logger:
@@ -213,7 +216,7 @@ def train_loop_per_worker(config: dict) -> None:
             with (contextlib.nullcontext() if sync or no_sync is None else no_sync()), autocast:
                 out = wrapped(batch)
                 (out.loss / accumulation).backward()
-            interval.add(out.metrics())
+            interval.add(out.values())
             state.batches_in_epoch = index + 1
             if not sync:
                 continue

@@ -64,11 +64,16 @@ class PretrainingOutput:
     scl_negative_cosine: torch.Tensor | None = None
     replaced_fraction: torch.Tensor | None = None  # replaced tokens / masked tokens
 
+    def values(self) -> dict[str, torch.Tensor]:
+        """Every computed value as a detached 0-d float tensor, still on the device (no sync)."""
+        present = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {name: value.detach().float().reshape(()) for name, value in present.items()}
+
     def metrics(self) -> dict[str, float]:
         """Every computed value as a float (one device sync), for logging; NaNs left out."""
-        present = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-        values = torch.stack([v.detach().float().reshape(()) for v in present.values()]).tolist()
-        return {name: value for name, value in zip(present, values) if value == value}
+        values = self.values()
+        floats = torch.stack(list(values.values())).tolist()
+        return {name: value for name, value in zip(values, floats) if value == value}
 
 
 class PretrainingObjective(nn.Module):

@@ -163,6 +163,16 @@ def test_every_variant_runs_a_few_training_steps(tmp_path):
         assert all(torch.isfinite(torch.tensor(losses))), name
 
 
+def test_log_interval_means_skip_empty_signals():
+    from jobs.train_loop import Interval
+
+    interval = Interval()
+    interval.add({"loss": torch.tensor(2.0), "copy_accuracy_replaced": torch.tensor(float("nan"))})
+    interval.add({"loss": torch.tensor(4.0), "copy_accuracy_replaced": torch.tensor(0.5)})
+    interval.add({"loss": torch.tensor(6.0), "lm_accuracy_original": torch.tensor(float("nan"))})
+    assert interval.means() == {"loss": 4.0, "copy_accuracy_replaced": 0.5}  # an all-NaN signal is absent
+
+
 def test_converged_aux_needs_a_checkpoint():
     cfg = with_vocab_size(resolve("tiny", "converged_aux"), 300)
     with pytest.raises(ValueError, match="train.aux_checkpoint"):
