@@ -1,0 +1,269 @@
+"""One fine-tuning trial: plain PyTorch, callable without Ray (`fine_tune`), run by Ray Tune in a sweep.
+
+A trial is one (task, lr, batch size, epochs, warm-up, seed) (SPEC section 6): the pretrained main
+encoder plus the [CLS] head, AdamW (0.9, 0.98), eps 1e-6, weight decay 0.01, linear warm-up then
+linear decay to 0, no gradient clipping, dropout 0.1; dev is evaluated every half epoch and the best
+evaluation is kept (per dev set: MNLI-m and MNLI-mm each keep their own best). A task with a test
+split (SNLI) is scored on it once, with the weights of the best evaluation on its first dev set.
+The same seed gives the same result: it seeds the head, dropout and the shuffling.
+
+Where the encoder comes from (`resolve_encoder`): a pretraining MLflow run id (its "encoder"
+artifact is downloaded), an exported encoder directory, or a pretraining checkpoint directory
+(model.pt + config.yaml + tokenizer/, `jobs/checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model import Encoder, EncoderConfig
+from model.classifier import SequenceClassifier, load_encoder
+
+from .tasks import EncodedSplit, EncodedTask, evaluate
+from .train_loop import param_groups, warmup_linear_decay
+
+EVAL_BATCH = 128
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    task: str
+    lr: float
+    batch_size: int
+    epochs: int
+    warmup: float  # fraction of the total optimizer steps spent warming up
+    seed: int
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-6
+    dropout: float = 0.1  # head dropout; the encoder keeps its own config's (0.1)
+    evals_per_epoch: int = 2
+    bf16: bool = True  # autocast on GPU; CPU runs fp32
+
+
+@dataclass(frozen=True)
+class PretrainedEncoder:
+    """What every trial starts from. Weights travel as a state dict (Ray's object store), so trials
+    on other nodes need no shared file system; the tokenizer is used by the driver only."""
+
+    cfg: EncoderConfig
+    state: dict[str, torch.Tensor]
+    tokenizer_dir: Path
+    source: str  # what the user passed: a run id or a directory
+    pretraining_run: str = ""  # MLflow run id when known
+    preset: str = ""  # the pretraining preset when known (large++ selects the large++ learning rates)
+
+    def build(self) -> Encoder:
+        encoder = Encoder(self.cfg)
+        encoder.load_state_dict(self.state, strict=True)
+        return encoder
+
+
+@dataclass
+class TrialResult:
+    best: dict[str, dict[str, float]]  # dev split -> its metrics at its best evaluation (+ "eval", "epoch")
+    test: dict[str, float] | None
+    history: list[dict[str, float]] = field(default_factory=list)  # one entry per evaluation
+    steps: int = 0
+    seconds: float = 0.0
+
+    def flat(self) -> dict[str, float]:
+        """`best.<split>.<metric>` and `test.<metric>` keys, as the trial reports them."""
+        out = {f"best.{split}.{k}": v for split, metrics in self.best.items() for k, v in metrics.items()}
+        out.update({f"test.{k}": v for k, v in (self.test or {}).items()})
+        return out
+
+
+# ----------------------------------------------------------------------------- the encoder
+
+
+LATEST = "last"  # --from last: the newest finished pretraining run in the store
+
+
+def latest_pretraining_run(client, experiment: str = "pretraining") -> str:
+    """The id of the most recently finished pretraining run (what `jobs.pretrain` just printed)."""
+    found = client.get_experiment_by_name(experiment)
+    runs = [] if found is None else client.search_runs(
+        [found.experiment_id], filter_string="attributes.status = 'FINISHED'", order_by=["attributes.end_time DESC"],
+        max_results=1,
+    )
+    if not runs:
+        raise ValueError(f"--from {LATEST}: no finished run in experiment {experiment!r} of this MLflow store; "
+                         f"run `python -m jobs.pretrain` first or pass a run id or directory")
+    return runs[0].info.run_id
+
+
+def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) -> PretrainedEncoder:
+    """A checkpoint directory, an exported encoder directory, a pretraining run id in `tracking_uri`, or
+    `last` for the newest finished pretraining run there."""
+    path = Path(source)
+    if path.is_dir():
+        if (path / "model.pt").is_file():
+            return encoder_from_checkpoint(path)
+        if (path / "model.safetensors").is_file():
+            return _exported(path, source)
+        raise FileNotFoundError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/) "
+                                f"nor an exported encoder (config.json, model.safetensors)")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    if source == LATEST:
+        source = latest_pretraining_run(client)
+    try:
+        run = client.get_run(source)
+    except MlflowException:
+        raise ValueError(f"--from {source!r} is neither a directory nor a run in the MLflow store {tracking_uri}") from None
+    encoder_dir = Path(client.download_artifacts(source, "encoder", str(workdir)))
+    if not (encoder_dir / "model.safetensors").is_file():
+        raise FileNotFoundError(f"run {source} has no exported 'encoder' artifact: did its pretraining finish?")
+    preset = run.data.params.get("preset") or run.data.tags.get("preset", "")
+    return _exported(encoder_dir, source, pretraining_run=source, preset=preset)
+
+
+def _exported(directory: Path, source: str, pretraining_run: str = "", preset: str = "") -> PretrainedEncoder:
+    encoder = load_encoder(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
+    return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset)
+
+
+def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
+    """The main encoder of a pretraining checkpoint: the model rebuilt from its config.yaml, model.pt loaded."""
+    import yaml
+
+    from model import ModelConfig, ObjectiveConfig, build_pretraining_model
+
+    from . import checkpoint
+
+    directory = Path(directory)
+    resolved = yaml.safe_load((directory / "config.yaml").read_text())
+    model = build_pretraining_model(ModelConfig(**resolved["model"]), ObjectiveConfig(**resolved["objective"]))
+    checkpoint.load(directory, model, restore_rng=False)
+    if not (directory / "tokenizer" / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
+    return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),
+                             preset=resolved.get("preset", ""))
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def batches(split: EncodedSplit, order: np.ndarray, batch_size: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids (B, T), labels (B,)) in `order`, each batch padded to its own longest example."""
+    lengths = split.lengths()
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        ids = np.full((len(rows), int(lengths[rows].max())), pad_id, dtype=np.int64)
+        for j, i in enumerate(rows):
+            ids[j, : lengths[i]] = split.ids[split.offsets[i] : split.offsets[i + 1]]
+        yield torch.from_numpy(ids), torch.from_numpy(split.labels[rows])
+
+
+@torch.no_grad()
+def predict(model: SequenceClassifier, split: EncodedSplit, pad_id: int, device: torch.device,
+            regression: bool, autocast) -> np.ndarray:
+    """Predicted class ids (or values) in the split's order; batches of similar lengths pad little."""
+    model.eval()
+    order = np.argsort(split.lengths(), kind="stable")
+    out = np.empty(len(split), dtype=np.float64 if regression else np.int64)
+    position = 0
+    for ids, _ in batches(split, order, EVAL_BATCH, pad_id):
+        with autocast:
+            logits = model(ids.to(device), (ids != pad_id).to(device)).float()  # (B, C)
+        values = logits[:, 0] if regression else logits.argmax(-1)
+        out[order[position : position + len(ids)]] = values.cpu().numpy()
+        position += len(ids)
+    model.train()
+    return out
+
+
+def score(model, split: EncodedSplit, task: EncodedTask, device, autocast) -> dict[str, float]:
+    regression = task.spec.kind == "regression"
+    predictions = predict(model, split, task.pad_id, device, regression, autocast)
+    return evaluate(task.spec, predictions.tolist(), split.labels.tolist())
+
+
+# ----------------------------------------------------------------------------- the trial
+
+
+def fine_tune(
+    cfg: TrialConfig, task: EncodedTask, encoder: PretrainedEncoder,
+    on_eval: Callable[[dict[str, float]], None] | None = None, device: str | torch.device | None = None,
+) -> TrialResult:
+    """Train, evaluate every half epoch, keep the best; `on_eval` gets each evaluation's flat metrics."""
+    started = time.perf_counter()
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(cfg.seed)  # head initialisation and dropout
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    model = SequenceClassifier(encoder.build(), task.spec.num_outputs, cfg.dropout).to(device)
+    model.train()
+    steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(round(cfg.warmup * total), total))
+    eval_at = _eval_steps(steps_per_epoch, cfg.epochs, cfg.evals_per_epoch)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.bf16)
+    regression = task.spec.kind == "regression"
+    best: dict[str, dict[str, float]] = {}
+    best_state, history, step, losses = None, [], 0, []
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(task.train), generator=shuffle).numpy()
+        for ids, labels in batches(task.train, order, cfg.batch_size, task.pad_id):
+            ids, labels = ids.to(device), labels.to(device)
+            with autocast:
+                logits = model(ids, ids != task.pad_id).float()  # (B, C)
+            loss = F.mse_loss(logits[:, 0], labels) if regression else F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            losses.append(loss.item())
+            if step not in eval_at:
+                continue
+            metrics = {"eval": len(history) + 1, "step": step, "epoch": step / steps_per_epoch,
+                       "train_loss": float(np.mean(losses)), "lr": scheduler.get_last_lr()[0]}
+            losses = []
+            if evaluate_dev(model, task, device, autocast, metrics, best) and task.test is not None:
+                best_state = copy.deepcopy(model.state_dict())  # the weights the test split is scored with
+            history.append(metrics)
+            if on_eval is not None:
+                on_eval(metrics)
+    test = None
+    if task.test is not None:
+        model.load_state_dict(best_state)
+        test = score(model, task.test, task, device, autocast)
+    return TrialResult(best, test, history, step, time.perf_counter() - started)
+
+
+def evaluate_dev(model, task: EncodedTask, device, autocast, metrics: dict[str, float],
+                 best: dict[str, dict[str, float]]) -> bool:
+    """Score every dev split into `metrics` (`<split>.<metric>`, `best.<split>.<metric>`), updating each
+    split's best on its own. True when the first dev split improved."""
+    improved = False
+    for name, split in task.dev.items():
+        result = score(model, split, task, device, autocast)
+        metrics.update({f"{name}.{k}": v for k, v in result.items()})
+        if name not in best or result["score"] > best[name]["score"]:
+            best[name] = {**result, "eval": metrics["eval"], "epoch": metrics["epoch"]}
+            improved |= name == task.spec.dev_splits[0]
+        metrics.update({f"best.{name}.{k}": v for k, v in best[name].items()})
+    return improved
+
+
+def _eval_steps(steps_per_epoch: int, epochs: int, per_epoch: int) -> set[int]:
+    """Optimizer steps after which dev is evaluated: every 1/per_epoch of an epoch, always at each epoch's end."""
+    return {epoch * steps_per_epoch + max(1, round(k * steps_per_epoch / per_epoch))
+            for epoch in range(epochs) for k in range(1, per_epoch + 1)}

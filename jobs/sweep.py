@@ -1,0 +1,592 @@
+"""Fine-tuning sweeps on Ray Tune: a grid x seeds, medians and best points tracked in MLflow.
+
+    python -m jobs.sweep --from RUN_ID_OR_DIR --tasks glue|snli|rte,mrpc|FILE_OR_FOLDER
+        [--grid paper|quick|GRID.yaml] [--seeds 5] [--tracking-uri URI] [--glue-dir DIR]
+        [--max-train N] [--max-dev N] [--max-length N] [--kind classification|regression]
+        [--lr-set base|large++] [--cpus-per-trial C] [--gpus-per-trial G] [--max-failures N]
+        [--experiment NAME] [--storage DIR] [--name NAME]
+
+`--from` is a pretraining MLflow run id (its exported "encoder" artifact), an exported encoder
+directory, or a pretraining checkpoint directory. Every (grid point, seed) is one Tune trial
+(`jobs/finetune.py`); trials get 1 CPU each on a CPU cluster and 0.25 GPU (+1 CPU) each where
+there are GPUs, as many at once as the cluster holds. A failed trial is retried `--max-failures`
+times; a grid point still missing a seed after that is reported as incomplete and is never
+medianed over fewer seeds (`analysis/medians.py`).
+
+MLflow: the driver creates the store, the experiment and the sweep's parent run before any trial
+starts (several processes creating one sqlite store race), and logs every trial itself as a child
+run (`mlflow.parentRunId`) from Tune callbacks, so trials on other nodes need no access to the
+store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
+MNLI-mm chosen separately), and the task table with the GLUE average, as metrics and as CSV and
+markdown artifacts; the task table is also printed. Every run is ended explicitly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .env import init_ray, set_hermetic_env
+
+GRIDS = Path(__file__).resolve().parents[1] / "platform" / "grids"
+GRID_KEYS = ("lr", "batch_size", "epochs", "warmup")  # analysis.medians.GRID_COLUMNS, in a Ray-free spot
+PRETRAINING_TAG = "cocolm.pretraining_run"
+TRIAL_TAG = "cocolm.trial"
+
+
+# ----------------------------------------------------------------------------- the grid (platform/grids/*.yaml)
+
+
+@dataclass(frozen=True)
+class Space:
+    epochs: tuple[int, ...]
+    lr: tuple[float, ...]
+    batch_size: tuple[int, ...]
+    warmup: tuple[float, ...]
+    lr_by_preset: dict[str, tuple[float, ...]] = field(default_factory=dict)  # e.g. large++'s own learning rates
+
+    def learning_rates(self, lr_set: str) -> tuple[float, ...]:
+        return self.lr_by_preset.get(lr_set, self.lr)
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    spaces: dict[str, Space]
+    tasks: dict[str, str]  # task name -> space name; "default" for tasks not named
+    max_length: int = 512
+    max_train: int = 0  # 0 = all
+    max_dev: int = 0
+
+    def space(self, task: str) -> Space:
+        name = self.tasks.get(task, self.tasks.get("default"))
+        if name is None:
+            raise ValueError(f"grid {self.name}: no space for task {task!r} and no `default` in its tasks")
+        return self.spaces[name]
+
+    def points(self, task: str, lr_set: str = "") -> list[dict[str, Any]]:
+        """Every grid point of a task, in grid order (epochs, lr, batch size, warm-up)."""
+        s = self.space(task)
+        return [{"task": task, "lr": lr, "batch_size": bs, "epochs": ep, "warmup": wu}
+                for ep in s.epochs for lr in s.learning_rates(lr_set) for bs in s.batch_size for wu in s.warmup]
+
+
+def available_grids() -> list[str]:
+    return sorted(p.stem for p in GRIDS.glob("*.yaml"))
+
+
+def load_grid(name_or_path: str) -> Grid:
+    """A grid by name (platform/grids/NAME.yaml) or a YAML file; unknown keys are errors that name them."""
+    import yaml
+
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = GRIDS / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown grid {name_or_path!r}: neither a file nor one of {available_grids()}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    _check_keys(raw, {"max_length", "max_train", "max_dev", "spaces", "tasks"}, str(path))
+    spaces = {}
+    for name, values in (raw.get("spaces") or {}).items():
+        _check_keys(values, {f.name for f in fields(Space)}, f"{path}: spaces.{name}")
+        missing = [k for k in ("epochs", "lr", "batch_size", "warmup") if k not in values]
+        if missing:
+            raise ValueError(f"{path}: spaces.{name} lacks {missing}")
+        spaces[name] = Space(
+            epochs=tuple(int(v) for v in values["epochs"]), lr=tuple(float(v) for v in values["lr"]),
+            batch_size=tuple(int(v) for v in values["batch_size"]), warmup=tuple(float(v) for v in values["warmup"]),
+            lr_by_preset={k: tuple(float(v) for v in lrs) for k, lrs in (values.get("lr_by_preset") or {}).items()},
+        )
+    tasks = {str(k).lower(): str(v) for k, v in (raw.get("tasks") or {}).items()}
+    unknown = sorted(set(tasks.values()) - set(spaces))
+    if not spaces or unknown:
+        raise ValueError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
+    return Grid(path.stem, spaces, tasks, int(raw.get("max_length", 512)), int(raw.get("max_train", 0)),
+                int(raw.get("max_dev", 0)))
+
+
+def _check_keys(values: dict, known: set[str], where: str) -> None:
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+
+
+# ----------------------------------------------------------------------------- options and result
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    source: str  # --from: run id, exported encoder dir or checkpoint dir
+    tasks: str = "snli"
+    grid: str = "quick"
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    tracking_uri: str | None = None
+    glue_dir: str | None = None
+    max_train: int | None = None  # None: the grid's
+    max_dev: int | None = None
+    max_length: int | None = None
+    kind: str | None = None  # user task: classification | regression (default: inferred from the labels)
+    lr_set: str | None = None  # a key of the spaces' lr_by_preset (large++); None: the pretraining preset's
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float | None = None  # None: 0.25 where the cluster has GPUs, else 0
+    max_failures: int = 2  # Tune retries of a failed trial
+    experiment: str = "finetuning"
+    storage: str | None = None  # Tune's storage (default $COCOLM_HOME/ray_results)
+    name: str | None = None  # parent run name
+    inject_failures: dict[str, int] = field(default_factory=dict)  # trial name -> failures to inject (tests)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    run_id: str  # the parent MLflow run
+    trials: Any  # pandas DataFrame: one row per (target, grid point, seed)
+    summary: Any  # per grid point statistics (analysis.medians.summarize)
+    best: Any  # per task best point
+    table: Any  # the task table (with GLUE AVG when GLUE)
+    markdown: str  # the printed task table
+
+
+# ----------------------------------------------------------------------------- the trial (a Tune function trainable)
+
+
+def trial_name(config: dict[str, Any]) -> str:
+    p = config["point"]
+    return f"{p['task']}-lr{p['lr']:g}-bs{p['batch_size']}-ep{p['epochs']}-wu{p['warmup']:g}-seed{config['seed']}"
+
+
+def tune_trial(config: dict[str, Any], tasks: dict, encoder, settings: dict[str, Any]) -> None:
+    """Runs inside a Tune actor: one fine-tuning run, each half-epoch evaluation reported.
+    `tasks` maps task names to object refs of their encoded data: a trial fetches only its own task."""
+    import ray
+    import torch
+    from ray import tune
+
+    from .finetune import TrialConfig, fine_tune
+
+    torch.set_num_threads(settings["threads"])
+    _maybe_inject_failure(trial_name(config), settings)
+    point = config["point"]
+    trial = TrialConfig(task=point["task"], lr=point["lr"], batch_size=point["batch_size"], epochs=point["epochs"],
+                        warmup=point["warmup"], seed=config["seed"])
+    result = fine_tune(trial, ray.get(tasks[point["task"]]), encoder, on_eval=tune.report)
+    tune.report({**result.history[-1], **result.flat(), "done": 1, "trial_seconds": result.seconds})
+
+
+def _maybe_inject_failure(name: str, settings: dict[str, Any]) -> None:
+    """Fault injection for tests: the trial fails its first N attempts (attempts counted by marker files)."""
+    planned = settings["inject_failures"].get(name, 0)
+    if not planned:
+        return
+    markers = Path(settings["marker_dir"])
+    markers.mkdir(parents=True, exist_ok=True)
+    done = len(list(markers.glob(f"{name}.*")))
+    if done < planned:
+        (markers / f"{name}.{done}").touch()
+        raise RuntimeError(f"injected failure {done + 1} of {planned} for trial {name}")
+
+
+# ----------------------------------------------------------------------------- MLflow, from the driver
+
+
+def _mlflow_callback(tracking_uri: str, experiment_id: str, parent_run_id: str, base_params: dict[str, Any],
+                     total: int):
+    """A Tune callback (built lazily: ray.tune is imported only here) keeping one child run per trial attempt."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    from . import tracking
+
+    class MlflowTrials(tune.Callback):
+        def __init__(self) -> None:
+            self.client = MlflowClient(tracking_uri)
+            self.runs: dict[str, str] = {}  # trial id -> child run of its current attempt
+            self.attempts: dict[str, int] = {}
+            self.finished = 0
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            name = trial_name(trial.config)
+            self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
+            run = self.client.create_run(experiment_id, run_name=name, tags={
+                "mlflow.parentRunId": parent_run_id, TRIAL_TAG: name, "kind": "finetuning-trial",
+                "cocolm.attempt": str(self.attempts[trial.trial_id])})
+            self.runs[trial.trial_id] = run.info.run_id
+            point = {k: v for k, v in trial.config["point"].items()}
+            tracking.log_params(self.client, run.info.run_id, {**base_params, **point, "seed": trial.config["seed"]})
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            run_id = self.runs.get(trial.trial_id)
+            if run_id is None:
+                return
+            final = bool(result.get("done"))
+            now, step = int(time.time() * 1000), int(result.get("eval", 0))
+            metrics = [Metric(k, float(v), now, step) for k, v in result.items()
+                       if _is_trial_metric(k, v) and (not final or k.startswith("test.") or k == "trial_seconds")]
+            for start in range(0, len(metrics), 1000):
+                self.client.log_batch(run_id, metrics=metrics[start : start + 1000])
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.finished += 1
+            result = trial.last_result or {}
+            task = trial.config["point"]["task"]
+            scores = ", ".join(f"{k.split('.')[1]} {v:.4f}" for k, v in result.items()
+                               if k.startswith("best.") and k.endswith(".score"))
+            print(f"[{self.finished}/{total}] {trial_name(trial.config)}: {task} {scores} "
+                  f"({result.get('trial_seconds', 0):.0f}s)", flush=True)
+            self._end(trial, ok=True)
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            print(f"trial {trial_name(trial.config)} failed; retrying: {_first_line(trial)}", flush=True)
+            self._end(trial, ok=False)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.finished += 1
+            print(f"[{self.finished}/{total}] {trial_name(trial.config)} FAILED after "
+                  f"{self.attempts.get(trial.trial_id, 1)} attempt(s): {_first_line(trial)}", flush=True)
+            self._end(trial, ok=False)
+
+        def _end(self, trial, ok: bool) -> None:
+            run_id = self.runs.pop(trial.trial_id, None)
+            if run_id is None:
+                return
+            if not ok:
+                self.client.set_tag(run_id, "cocolm.error", _first_line(trial)[:5000])
+            tracking.end_run(self.client, run_id, ok)
+
+    return MlflowTrials()
+
+
+def _is_trial_metric(key: str, value: Any) -> bool:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return numeric and (key.startswith(("best.", "test.")) or "." in key or key in ("train_loss", "lr", "epoch",
+                                                                                    "trial_seconds"))
+
+
+def _first_line(trial) -> str:
+    error_file = getattr(trial, "error_file", None) or ""
+    try:
+        text = Path(error_file).read_text().strip().splitlines() if error_file else []
+    except OSError:
+        text = []
+    return text[-1] if text else "unknown error"
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def run(opts: SweepOptions) -> SweepResult:
+    """Read and encode the tasks, start the parent run, run every trial on Tune, table the medians."""
+    set_hermetic_env()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
+    from mlflow.tracking import MlflowClient
+
+    from . import tracking
+
+    grid = load_grid(opts.grid)
+    tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_tracking(tracking_uri)  # before any compute is spent
+    client = MlflowClient(tracking_uri)
+    experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)  # the driver creates store + experiment
+    with tempfile.TemporaryDirectory(prefix="cocolm-sweep-") as workdir:  # the downloaded encoder: read, then gone
+        plan = _plan(opts, grid, client, tracking_uri, Path(workdir))
+    print(plan.notes, flush=True)
+    parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{'-'.join(plan.encoded)}"[:200],
+                               tags={"kind": "finetuning-sweep", PRETRAINING_TAG: plan.pretraining_run,
+                                     "git_commit": tracking.git_commit(),
+                                     "mlflow.note.content": _note(client, plan.pretraining_run, opts.source)})
+    run_id = parent.info.run_id
+    try:
+        tracking.log_params(client, run_id, plan.params)
+        client.log_text(run_id, plan.notes + "\n", "data_notes.txt")
+        trials = len(plan.points) * len(opts.seeds)
+        print(f"MLflow parent run {run_id} in experiment {opts.experiment!r} at {tracking_uri}: "
+              f"{len(plan.points)} grid point(s) x {len(opts.seeds)} seed(s) = {trials} trials", flush=True)
+        results = _tune(opts, plan, tracking_uri, experiment_id, run_id)
+        out = _tabulate(results, plan.encoded, opts.seeds)
+        _log_tables(client, run_id, out)
+    except BaseException:
+        tracking.end_run(client, run_id, ok=False)
+        raise
+    tracking.end_run(client, run_id, ok=True)
+    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n"
+          f"open the UI:          mlflow ui --backend-store-uri {tracking_uri}   (then http://127.0.0.1:5000)")
+    return SweepResult(run_id, out.trials, out.summary, out.best, out.table, out.markdown)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    encoder: Any  # jobs.finetune.PretrainedEncoder
+    pretraining_run: str
+    encoded: dict[str, Any]  # task name -> jobs.tasks.EncodedTask
+    points: list[dict[str, Any]]
+    params: dict[str, Any]  # the parent run's params
+    notes: str  # data sizes, holdouts, subsets, truncation, skipped rows
+
+
+def _plan(opts: SweepOptions, grid: Grid, client, tracking_uri: str, workdir: Path) -> _Plan:
+    """Everything decided before Ray starts: the encoder, the encoded tasks, the grid points."""
+    from .finetune import resolve_encoder
+    from .tasks import encode_task, load_tasks, subsample
+
+    encoder = resolve_encoder(opts.source, tracking_uri, workdir)
+    pretraining_run = encoder.pretraining_run or _run_of_checkpoint(client, opts.source)
+    max_length = opts.max_length or grid.max_length
+    if max_length > encoder.cfg.max_positions:
+        raise ValueError(f"max length {max_length} exceeds the encoder's {encoder.cfg.max_positions} positions")
+    max_train, max_dev = _pick(opts.max_train, grid.max_train), _pick(opts.max_dev, grid.max_dev)
+    tasks = [subsample(t, max_train, max_dev) for t in load_tasks(opts.tasks, opts.glue_dir, opts.kind)]
+    encoded = {t.spec.name: encode_task(t, encoder.tokenizer_dir, max_length) for t in tasks}
+    lr_set = _lr_set(grid, opts.lr_set, encoder.preset)
+    points = [p for t in tasks for p in grid.points(t.spec.name, lr_set)]
+    params = {"pretraining_run": pretraining_run, "from": opts.source, "tasks": opts.tasks, "grid": grid.name,
+              "seeds": ",".join(map(str, opts.seeds)), "max_length": max_length, "lr_set": lr_set,
+              "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
+              "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
+    return _Plan(encoder, pretraining_run, encoded, points, params, _describe(tasks, encoded))
+
+
+def _lr_set(grid: Grid, chosen: str | None, preset: str) -> str:
+    """The learning-rate list: --lr-set if given (it must exist), else the pretraining preset's if the grid
+    has one for it (large++), else the grid's default ("base")."""
+    known = {name for space in grid.spaces.values() for name in space.lr_by_preset}
+    if chosen is not None and chosen != "base" and chosen not in known:
+        raise ValueError(f"--lr-set {chosen!r}: grid {grid.name} has learning-rate lists for {sorted(known) or 'none'} "
+                         f"besides 'base'")
+    return chosen or (preset if preset in known else "base")
+
+
+def _pick(override: int | None, default: int) -> int:
+    return default if override is None else override
+
+
+def _describe(tasks, encoded) -> str:
+    lines = []
+    for task in tasks:
+        e = encoded[task.spec.name]
+        sizes = ", ".join(f"{k} {len(v)}" for k, v in [("train", e.train), *e.dev.items(), ("test", e.test)] if v is not None)
+        cut = ", ".join(f"{k} {v}" for k, v in e.truncated.items() if v)
+        lines.append(f"{task.spec.display} ({task.spec.kind}, score: {task.spec.score}): {sizes}"
+                     + (f"; examples truncated to {e.max_length} tokens: {cut}" if cut else ""))
+        lines += list(task.notes)
+        if task.skipped:
+            lines.append(task.skip_report())
+    return "\n".join(lines)
+
+
+def _run_of_checkpoint(client, source: str) -> str:
+    """The pretraining run whose final checkpoint is `source` (its `cocolm.checkpoint` tag), if this store has it."""
+    from .pretrain import CHECKPOINT_TAG
+
+    if not Path(source).is_dir():
+        return ""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    wanted = str(Path(source).resolve()).replace("'", "\\'")
+    runs = client.search_runs(experiments, filter_string=f"tags.`{CHECKPOINT_TAG}` = '{wanted}'", max_results=1) \
+        if experiments else []
+    return runs[0].info.run_id if runs else ""
+
+
+def _note(client, pretraining_run: str, source: str) -> str:
+    if not pretraining_run:
+        return f"Fine-tuning sweep of `{source}` (no pretraining run in this store)."
+    try:
+        experiment = client.get_run(pretraining_run).info.experiment_id
+        return f"Fine-tuning sweep of pretraining run [{pretraining_run}](#/experiments/{experiment}/runs/{pretraining_run})."
+    except Exception:  # the run lives in another store: name it, link nothing
+        return f"Fine-tuning sweep of pretraining run {pretraining_run}."
+
+
+def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None) -> dict[str, float]:
+    """1 CPU per trial; 0.25 GPU per trial where the cluster has GPUs (four small fine-tunings share one)."""
+    import ray
+
+    if gpus_per_trial is None:
+        gpus_per_trial = 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
+
+
+def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str, parent_run_id: str):
+    init_ray()
+    import ray
+    from ray import tune
+
+    from . import tracking
+
+    storage = opts.storage or tracking.default_storage()
+    resources = trial_resources(opts.cpus_per_trial, opts.gpus_per_trial)
+    settings = {"threads": max(1, int(opts.cpus_per_trial)), "inject_failures": dict(opts.inject_failures),
+                "marker_dir": str(Path(storage) / f"sweep-{parent_run_id}" / "injected_failures")}
+    refs = {name: ray.put(task) for name, task in plan.encoded.items()}
+    trainable = tune.with_resources(tune.with_parameters(tune_trial, tasks=refs, encoder=plan.encoder,
+                                                         settings=settings), resources)
+    child_params = {"pretraining_run": plan.pretraining_run, "max_length": plan.params["max_length"]}
+    callback = _mlflow_callback(tracking_uri, experiment_id, parent_run_id, child_params,
+                                len(plan.points) * len(opts.seeds))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"point": tune.grid_search(plan.points), "seed": tune.grid_search(list(opts.seeds))},
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,  # a trial reseeds everything; reusing the process saves the torch import per trial
+            trial_name_creator=lambda t: trial_name(t.config),
+            trial_dirname_creator=lambda t: f"{trial_name(t.config)}-{t.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            name=f"sweep-{parent_run_id}", storage_path=storage, verbose=0,
+            failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+            callbacks=[callback],
+        ),
+    )
+    print(f"trials get {resources} each", flush=True)
+    return tuner.fit()
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class _Tables:
+    trials: Any
+    summary: Any
+    best: Any
+    table: Any
+    markdown: str
+
+
+def trial_records(results, encoded) -> list[dict[str, Any]]:
+    """One row per (target, trial): MNLI's trials give an MNLI-m and an MNLI-mm row. A failed trial's
+    rows have no score, so `summarize` counts their seeds as missing."""
+    rows = []
+    for result in results:
+        config, metrics = result.config, result.metrics or {}
+        ok = result.error is None and bool(metrics.get("done"))
+        point = config["point"]
+        spec = encoded[point["task"]].spec
+        for i, split in enumerate(spec.dev_splits):
+            row = {"task": spec.target(split), **{k: point[k] for k in GRID_KEYS}, "seed": config["seed"],
+                   "trial": trial_name(config), "metric": spec.score, "status": "ok" if ok else "failed",
+                   "score": metrics.get(f"best.{split}.score", math.nan) if ok else math.nan}
+            for name in spec.metrics:
+                if name != spec.score:
+                    row[name] = metrics.get(f"best.{split}.{name}", math.nan) if ok else math.nan
+            if i == 0 and encoded[point["task"]].test is not None:  # test: the weights of the first dev set's best
+                for name in spec.metrics:
+                    row[f"test_{name}"] = metrics.get(f"test.{name}", math.nan) if ok else math.nan
+            rows.append(row)
+    return rows
+
+
+def _tabulate(results, encoded, seeds) -> _Tables:
+    import pandas as pd
+
+    from analysis.medians import GRID_COLUMNS, best_points, summarize, task_table, to_markdown
+
+    trials = pd.DataFrame(trial_records(results, encoded))
+    fixed = {"task", *GRID_COLUMNS, "seed", "trial", "metric", "status", "score"}
+    extra = [c for c in trials.columns if c not in fixed]
+    summary = summarize(trials, seeds, extra=extra)
+    metric_of = dict(zip(trials["task"], trials["metric"]))
+    summary.insert(1, "metric", summary["task"].map(metric_of))
+    best = best_points(summary)
+    table = task_table(best)
+    shown = ["task", "metric", "score_median", "score_mean", "score_std", "score_min", "score_max",
+             *(f"{c}_median" for c in extra), *GRID_COLUMNS, "seeds_done", "seeds_expected", "missing_seeds", "complete"]
+    markdown = "Task table (best grid point per task, statistics over seeds; scores x100)\n\n" + to_markdown(table[shown])
+    if len(summary) <= 40:
+        markdown = ("Grid points (statistics over seeds; scores x100)\n\n" + to_markdown(summary) + "\n" + markdown)
+    return _Tables(trials, summary, best, table, markdown)
+
+
+def _point_key(row) -> str:
+    return f"lr_{row['lr']:g}.bs_{int(row['batch_size'])}.ep_{int(row['epochs'])}.wu_{row['warmup']:g}"
+
+
+def _log_tables(client, run_id: str, out: _Tables) -> None:
+    """Per grid point and best point statistics as parent metrics; every table as CSV and markdown artifacts."""
+    import pandas as pd
+    from mlflow.entities import Metric
+
+    from analysis.medians import GLUE_AVG, STATS, to_markdown
+
+    now, metrics = int(time.time() * 1000), []
+    for _, row in out.summary.iterrows():
+        key = f"{row['task']}/{_point_key(row)}"
+        metrics.append(Metric(f"{key}/seeds_done", float(row["seeds_done"]), now, 0))
+        if row["complete"]:
+            metrics += [Metric(f"{key}/{stat}", float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+    for _, row in out.table.iterrows():
+        if row["task"] == GLUE_AVG:
+            metrics.append(Metric("glue_avg", float(row["score_median"]), now, 0))
+        elif pd.notna(row["score_median"]):
+            metrics += [Metric(f"best/{row['task']}/{stat}", float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+    metrics.append(Metric("trials_failed", float((out.trials.drop_duplicates("trial")["status"] == "failed").sum()), now, 0))
+    metrics.append(Metric("points_incomplete", float((~out.summary["complete"]).sum()), now, 0))
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    for _, row in out.best.iterrows():
+        if bool(row["complete"]):
+            client.set_tag(run_id, f"best.{row['task']}", _point_key(row))
+    for name, df in (("trials", out.trials), ("grid_points", out.summary), ("best_points", out.best),
+                     ("task_table", out.table)):
+        client.log_text(run_id, df.to_csv(index=False), f"{name}.csv")
+        if name != "trials":
+            client.log_text(run_id, to_markdown(df), f"{name}.md")
+    client.log_text(run_id, out.markdown, "summary.md")
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """'5' -> seeds 0..4; '1,2,3' -> those seeds."""
+    if "," in text:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    count = int(text)
+    if count < 1:
+        raise ValueError("--seeds needs at least one seed")
+    return tuple(range(count))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="source", required=True,
+                        help="pretraining MLflow run id, `last` (the newest finished pretraining run), "
+                             "exported encoder directory, or pretraining checkpoint directory")
+    parser.add_argument("--tasks", default="snli", help="glue | snli | comma list (rte,mrpc) | a task file or folder")
+    parser.add_argument("--grid", default="quick", help=f"one of {available_grids()} or a grid YAML file")
+    parser.add_argument("--seeds", default="5", help="how many seeds (5 = seeds 0..4), or a comma list")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
+    parser.add_argument("--glue-dir", help="folder with the GLUE task folders (default: the Hugging Face hub)")
+    parser.add_argument("--max-train", type=int, help="train examples per task, fixed-seed subset (0 = all; default: the grid's)")
+    parser.add_argument("--max-dev", type=int, help="dev examples per dev set (0 = all; default: the grid's)")
+    parser.add_argument("--max-length", type=int, help="tokens per example (default: the grid's)")
+    parser.add_argument("--kind", choices=("classification", "regression"), help="a user task's kind (default: inferred)")
+    parser.add_argument("--lr-set", help="learning-rate list of the grid to use, e.g. large++ (default: the pretraining preset's)")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--gpus-per-trial", type=float, help="default 0.25 on a cluster with GPUs, else 0")
+    parser.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial")
+    parser.add_argument("--experiment", default="finetuning", help="MLflow experiment")
+    parser.add_argument("--storage", help="Tune storage: local dir or URI (default: $COCOLM_HOME/ray_results)")
+    parser.add_argument("--name", help="the sweep's MLflow run name")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> SweepResult:
+    args = parse_args(argv)
+    opts = SweepOptions(
+        source=args.source, tasks=args.tasks, grid=args.grid, seeds=parse_seeds(args.seeds),
+        tracking_uri=args.tracking_uri, glue_dir=args.glue_dir, max_train=args.max_train, max_dev=args.max_dev,
+        max_length=args.max_length, kind=args.kind, lr_set=args.lr_set, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, experiment=args.experiment,
+        storage=args.storage, name=args.name,
+    )
+    return run(opts)
+
+
+if __name__ == "__main__":
+    main()

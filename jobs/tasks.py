@@ -1,0 +1,702 @@
+"""Fine-tuning tasks: readers, the paper's metrics, and the encoding the classifier reads.
+
+    load_tasks("glue" | "snli" | "rte,mrpc" | FILE_OR_FOLDER, glue_dir=...) -> list[Task]
+
+- **GLUE** (the eight tasks of SPEC section 6) from the standard GLUE directory layout
+  (`<glue_dir>/MNLI/train.tsv`, `dev_matched.tsv`, `dev_mismatched.tsv`, `<glue_dir>/CoLA/...`),
+  or from the Hugging Face hub through `datasets` when no `glue_dir` is given (needs network and
+  the `datasets` package, imported only then). GLUE's test sets carry no labels: dev is reported.
+- **SNLI** from the shipped `data/snli/*.jsonl.gz`. It has no dev split here, so a fixed part of
+  train is held out for model selection, whole premises at a time (SNLI writes three hypotheses per
+  premise: a random row split would put the same premise on both sides). Test is reported apart.
+- **User-defined**: a .jsonl / .csv / .tsv file (optionally .gz), or a folder with `train.*` and
+  `dev.*` (and optionally `test.*`), with columns `text`, optional `text_pair`, and `label`.
+  Classification unless the labels are numbers that are not all integers (override with `kind`);
+  classes are the sorted distinct train labels (numerically when they are numbers), and for two
+  classes F1 is that of the second (e.g. "1" of 0/1, "yes" of no/yes). Score: accuracy, or Spearman
+  for regression (override with `score`). A single file is split into train/dev with a fixed seed.
+
+**Malformed rows** (wrong number of fields, empty text, a label outside the task's label set, a
+non-numeric regression label, broken JSON) are skipped *and reported*: every `Task` carries the
+skipped rows with file and line number (1-based physical line in the file), and the sweep prints
+them and logs them on its MLflow run. When more than `MAX_MALFORMED_FRACTION` of a file's rows
+are malformed the file is not in the format we think it is, and reading it is an error instead.
+
+Metrics are plain Python (no sklearn / scipy), each tested against hand-computed values.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+SNLI_DIR = Path(__file__).resolve().parents[1] / "data" / "snli"
+SNLI_DEV_PAIRS = 5000  # held out of SNLI train for model selection (whole premises; about 5%)
+SPLIT_SEED = 0  # every fixed-seed split and subset in this module: the same data for every trial and sweep
+USER_DEV_FRACTION = 0.1  # a single user file: this much of it becomes dev
+MAX_MALFORMED_FRACTION = 0.01  # above this a file is taken to be in the wrong format: an error, not skips
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def accuracy(predictions: Sequence, labels: Sequence) -> float:
+    _same_length(predictions, labels)
+    return sum(int(p == y) for p, y in zip(predictions, labels)) / len(labels)
+
+
+def f1(predictions: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
+    """F1 of the positive class (GLUE's MRPC and QQP: 1 = paraphrase / duplicate). 0 when undefined."""
+    _same_length(predictions, labels)
+    tp = sum(1 for p, y in zip(predictions, labels) if p == positive and y == positive)
+    fp = sum(1 for p, y in zip(predictions, labels) if p == positive and y != positive)
+    fn = sum(1 for p, y in zip(predictions, labels) if p != positive and y == positive)
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def matthews_corr(predictions: Sequence[int], labels: Sequence[int]) -> float:
+    """Matthews correlation (the multi-class form, which is the usual one for two classes):
+    (c*s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)), c correct, s total,
+    p_k / t_k predicted / true count of class k. 0 when a marginal is constant (sklearn's convention)."""
+    _same_length(predictions, labels)
+    s = len(labels)
+    c = sum(int(p == y) for p, y in zip(predictions, labels))
+    p_count, t_count = Counter(predictions), Counter(labels)
+    classes = set(p_count) | set(t_count)
+    numerator = c * s - sum(p_count[k] * t_count[k] for k in classes)
+    denominator = (s * s - sum(v * v for v in p_count.values())) * (s * s - sum(v * v for v in t_count.values()))
+    return numerator / math.sqrt(denominator) if denominator else 0.0
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson correlation; 0 when either side is constant (a collapsed regressor carries no signal)."""
+    _same_length(x, y)
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start : end + 1]:
+            out[i] = (start + end) / 2 + 1
+        start = end + 1
+    return out
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman correlation: Pearson on ranks, ties averaged."""
+    return pearson(ranks(x), ranks(y))
+
+
+def _same_length(a: Sequence, b: Sequence) -> None:
+    if len(a) != len(b) or not len(a):
+        raise ValueError(f"metrics need two non-empty sequences of one length, got {len(a)} and {len(b)}")
+
+
+METRICS = {"accuracy": accuracy, "f1": f1, "matthews_corr": matthews_corr, "pearson": pearson, "spearman": spearman}
+
+
+# ----------------------------------------------------------------------------- task definitions
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task is: its label set, its metrics and which of them is its score."""
+
+    name: str  # lower case key: mnli, sts-b, snli, or a user task's file stem
+    display: str  # as in the paper's tables: MNLI, STS-B, ...
+    kind: str  # classification | regression
+    labels: tuple[str, ...]  # label strings in id order; () for regression
+    metrics: tuple[str, ...]  # keys of METRICS, all computed at every evaluation
+    score: str  # the one of `metrics` that ranks grid points and enters the averages
+    dev_splits: tuple[str, ...] = ("dev",)
+    targets: tuple[str, ...] = ()  # display name of each dev split's score (MNLI-m, MNLI-mm); default display
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("classification", "regression"):
+            raise ValueError(f"task {self.name}: kind must be classification or regression, not {self.kind!r}")
+        if self.score not in self.metrics or not set(self.metrics) <= set(METRICS):
+            raise ValueError(f"task {self.name}: metrics {self.metrics} must be among {sorted(METRICS)} "
+                             f"and include the score {self.score!r}")
+        if self.kind == "classification" and len(self.labels) < 2:
+            raise ValueError(f"task {self.name}: classification needs at least two labels, got {self.labels}")
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.labels) if self.kind == "classification" else 1
+
+    def target(self, dev_split: str) -> str:
+        """The name a dev split's score goes by in tables: MNLI's two dev sets are two columns."""
+        return self.targets[self.dev_splits.index(dev_split)] if self.targets else self.display
+
+
+def evaluate(spec: TaskSpec, predictions: Sequence, labels: Sequence) -> dict[str, float]:
+    """Every metric of the task, plus `score` (the task's paper metric)."""
+    out = {name: float(METRICS[name](list(predictions), list(labels))) for name in spec.metrics}
+    out["score"] = out[spec.score]
+    return out
+
+
+@dataclass(frozen=True)
+class GlueFormat:
+    """Where a GLUE task's TSV keeps its fields: header column names, or indices for header-less CoLA."""
+
+    folder: str
+    text: str | int
+    label: str | int
+    text_pair: str | int | None = None
+    header: bool = True
+    dev_files: tuple[str, ...] = ("dev.tsv",)
+    hub_config: str = ""  # nyu-mll/glue configuration name
+    hub_fields: tuple[str, str | None] = ("sentence", None)
+    hub_dev: tuple[str, ...] = ("validation",)
+
+
+_BINARY = ("0", "1")
+_NLI3 = ("contradiction", "entailment", "neutral")  # GLUE MNLI's label order
+_NLI2 = ("entailment", "not_entailment")
+
+# The paper (Table 1 caption): Spearman for STS-B, Matthews for CoLA, accuracy for the rest. So
+# MRPC's and QQP's score is accuracy; their F1 is computed, logged and tabled beside it.
+GLUE: dict[str, tuple[TaskSpec, GlueFormat]] = {
+    "mnli": (
+        TaskSpec("mnli", "MNLI", "classification", _NLI3, ("accuracy",), "accuracy",
+                 dev_splits=("dev_matched", "dev_mismatched"), targets=("MNLI-m", "MNLI-mm")),
+        GlueFormat("MNLI", "sentence1", "gold_label", "sentence2", dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
+                   hub_config="mnli", hub_fields=("premise", "hypothesis"),
+                   hub_dev=("validation_matched", "validation_mismatched")),
+    ),
+    "qqp": (
+        TaskSpec("qqp", "QQP", "classification", _BINARY, ("accuracy", "f1"), "accuracy"),
+        GlueFormat("QQP", "question1", "is_duplicate", "question2", hub_config="qqp",
+                   hub_fields=("question1", "question2")),
+    ),
+    "qnli": (
+        TaskSpec("qnli", "QNLI", "classification", _NLI2, ("accuracy",), "accuracy"),
+        GlueFormat("QNLI", "question", "label", "sentence", hub_config="qnli", hub_fields=("question", "sentence")),
+    ),
+    "sst-2": (
+        TaskSpec("sst-2", "SST-2", "classification", _BINARY, ("accuracy",), "accuracy"),
+        GlueFormat("SST-2", "sentence", "label", hub_config="sst2"),
+    ),
+    "cola": (
+        TaskSpec("cola", "CoLA", "classification", _BINARY, ("matthews_corr", "accuracy"), "matthews_corr"),
+        # No header: source, label, original label (* or empty), sentence.
+        GlueFormat("CoLA", 3, 1, header=False, hub_config="cola"),
+    ),
+    "rte": (
+        TaskSpec("rte", "RTE", "classification", _NLI2, ("accuracy",), "accuracy"),
+        GlueFormat("RTE", "sentence1", "label", "sentence2", hub_config="rte", hub_fields=("sentence1", "sentence2")),
+    ),
+    "mrpc": (
+        TaskSpec("mrpc", "MRPC", "classification", _BINARY, ("accuracy", "f1"), "accuracy"),
+        GlueFormat("MRPC", "#1 String", "Quality", "#2 String", hub_config="mrpc",
+                   hub_fields=("sentence1", "sentence2")),
+    ),
+    "sts-b": (
+        TaskSpec("sts-b", "STS-B", "regression", (), ("spearman", "pearson"), "spearman"),
+        GlueFormat("STS-B", "sentence1", "score", "sentence2", hub_config="stsb", hub_fields=("sentence1", "sentence2")),
+    ),
+}
+GLUE_ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b"}
+
+SNLI = TaskSpec("snli", "SNLI", "classification", ("contradiction", "entailment", "neutral"), ("accuracy",),
+                "accuracy")
+
+
+# ----------------------------------------------------------------------------- data containers
+
+
+@dataclass(frozen=True)
+class Split:
+    text: list[str]
+    text_pair: list[str] | None
+    labels: list  # label ids (classification) or floats (regression)
+    source: str  # file the rows came from, for messages
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, indices: Sequence[int]) -> Split:
+        pair = None if self.text_pair is None else [self.text_pair[i] for i in indices]
+        return Split([self.text[i] for i in indices], pair, [self.labels[i] for i in indices], self.source)
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    path: str
+    line: int  # 1-based physical line of the file (the record's last line for a quoted multi-line CSV row)
+    reason: str
+
+
+@dataclass(frozen=True)
+class Task:
+    spec: TaskSpec
+    train: Split
+    dev: dict[str, Split]  # one per spec.dev_splits
+    test: Split | None = None  # reported apart from dev (SNLI, a user folder's test file)
+    skipped: tuple[SkippedRow, ...] = ()
+    notes: tuple[str, ...] = ()  # how the data was made: holdouts, subsets
+
+    def skip_report(self) -> str:
+        """One line per file and reason, naming the line numbers; empty when nothing was skipped."""
+        return skip_report(self.spec.display, self.skipped)
+
+
+def skip_report(name: str, skipped: Sequence[SkippedRow]) -> str:
+    groups: dict[tuple[str, str], list[int]] = {}
+    for row in skipped:
+        groups.setdefault((row.path, row.reason), []).append(row.line)
+    return "\n".join(
+        f"{name}: skipped {len(lines)} malformed row(s) of {path} ({reason}) at line(s) {', '.join(map(str, lines))}"
+        for (path, reason), lines in groups.items()
+    )
+
+
+class _Rows:
+    """Collects good rows and skipped ones for one file; `finish` applies the malformed-fraction rule."""
+
+    def __init__(self, path: str, spec: TaskSpec, paired: bool):
+        self.path, self.spec = path, spec
+        self.text: list[str] = []
+        self.pair: list[str] | None = [] if paired else None
+        self.labels: list = []
+        self.skipped: list[SkippedRow] = []
+
+    def add(self, line: int, text: str | None, pair: str | None, label: str | None) -> None:
+        reason = _row_problem(self.spec, text, pair, label, self.pair is not None)
+        if reason:
+            self.skipped.append(SkippedRow(self.path, line, reason))
+            return
+        self.text.append(text)
+        if self.pair is not None:
+            self.pair.append(pair)
+        self.labels.append(_label_value(self.spec, label))
+
+    def skip(self, line: int, reason: str) -> None:
+        self.skipped.append(SkippedRow(self.path, line, reason))
+
+    def finish(self) -> tuple[Split, list[SkippedRow]]:
+        total = len(self.labels) + len(self.skipped)
+        if not self.labels:
+            raise ValueError(f"{self.path}: no usable rows ({len(self.skipped)} malformed)\n"
+                             + skip_report(self.spec.display, self.skipped))
+        if len(self.skipped) > MAX_MALFORMED_FRACTION * total:
+            raise ValueError(
+                f"{self.path}: {len(self.skipped)} of {total} rows are malformed, more than "
+                f"{MAX_MALFORMED_FRACTION:.0%}: is this the {self.spec.display} format?\n"
+                + skip_report(self.spec.display, self.skipped[:20])
+            )
+        return Split(self.text, self.pair, self.labels, self.path), self.skipped
+
+
+def _row_problem(spec: TaskSpec, text, pair, label, paired: bool) -> str:
+    if text is None or not str(text).strip() or (paired and (pair is None or not str(pair).strip())):
+        return "empty text"
+    if label is None or str(label).strip() == "":
+        return "no label"
+    if spec.kind == "classification" and str(label).strip() not in spec.labels:
+        known = list(spec.labels) if len(spec.labels) <= 10 else [*spec.labels[:10], "..."]
+        return f"label {str(label).strip()!r} not in {known}"
+    if spec.kind == "regression":
+        try:
+            if not math.isfinite(float(label)):
+                return f"label {label!r} is not a finite number"
+        except (TypeError, ValueError):
+            return f"label {label!r} is not a number"
+    return ""
+
+
+def _label_value(spec: TaskSpec, label) -> int | float:
+    return spec.labels.index(str(label).strip()) if spec.kind == "classification" else float(label)
+
+
+# ----------------------------------------------------------------------------- GLUE
+
+
+def read_glue_tsv(path: Path, spec: TaskSpec, fmt: GlueFormat) -> tuple[Split, list[SkippedRow]]:
+    """One GLUE TSV, split on tabs line by line (GLUE's files are not CSV-quoted: MNLI's text has
+    bare quotes), columns by header name, or by index for CoLA's header-less files."""
+    lines = _read_text(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    first = 0
+    if fmt.header:
+        if not lines:
+            raise ValueError(f"{path}: empty file, expected a header")
+        header = lines[0].rstrip("\r").split("\t")
+        missing = [c for c in (fmt.text, fmt.text_pair, fmt.label) if c is not None and c not in header]
+        if missing:
+            raise ValueError(f"{path}: header {header} lacks column(s) {missing} of the {spec.display} format")
+        columns = [header.index(c) if c is not None else None for c in (fmt.text, fmt.text_pair, fmt.label)]
+        width, first = len(header), 1
+    else:
+        columns, width = [fmt.text, fmt.text_pair, fmt.label], 4
+    rows = _Rows(str(path), spec, fmt.text_pair is not None)
+    for number, line in enumerate(lines[first:], start=first + 1):
+        fields = line.rstrip("\r").split("\t")
+        if len(fields) != width:
+            rows.skip(number, f"expected {width} tab-separated fields, got {len(fields)}")
+            continue
+        text, pair, label = (fields[c] if c is not None else None for c in columns)
+        rows.add(number, text, pair, label)
+    return rows.finish()
+
+
+def read_glue_task(name: str, glue_dir: str | Path) -> Task:
+    spec, fmt = GLUE[_glue_name(name)]
+    folder = Path(glue_dir) / fmt.folder
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} not found: --glue-dir must hold the GLUE folders ({fmt.folder}/train.tsv, ...)")
+    train, skipped = read_glue_tsv(folder / "train.tsv", spec, fmt)
+    dev = {}
+    for split, filename in zip(spec.dev_splits, fmt.dev_files):
+        dev[split], more = read_glue_tsv(folder / filename, spec, fmt)
+        skipped += more
+    return Task(spec, train, dev, skipped=tuple(skipped))
+
+
+def read_glue_hub(name: str) -> Task:
+    """A GLUE task from the Hugging Face hub (`nyu-mll/glue`); needs network and `datasets`."""
+    spec, fmt = GLUE[_glue_name(name)]
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            f"reading {spec.display} from the Hugging Face hub needs the `datasets` package: "
+            f"`pip install datasets` (and network), or pass --glue-dir with the GLUE files"
+        ) from None
+    loaded = datasets.load_dataset("nyu-mll/glue", fmt.hub_config)
+    names = getattr(loaded["train"].features["label"], "names", None)
+
+    def split(hub_split: str) -> tuple[Split, list[SkippedRow]]:
+        rows = _Rows(f"hub:nyu-mll/glue/{fmt.hub_config}/{hub_split}", spec, fmt.hub_fields[1] is not None)
+        for number, row in enumerate(loaded[hub_split], start=1):  # "line" = row number in the hub split
+            label = row["label"]
+            if spec.kind == "classification":  # hub ids -> our label strings, by name where the names are ours
+                label = names[label] if names and set(names) <= set(spec.labels) and label >= 0 else str(label)
+            rows.add(number, row[fmt.hub_fields[0]], row[fmt.hub_fields[1]] if fmt.hub_fields[1] else None, label)
+        return rows.finish()
+
+    train, skipped = split("train")
+    dev = {}
+    for ours, theirs in zip(spec.dev_splits, fmt.hub_dev):
+        dev[ours], more = split(theirs)
+        skipped += more
+    return Task(spec, train, dev, skipped=tuple(skipped))
+
+
+def _glue_name(name: str) -> str:
+    key = GLUE_ALIASES.get(name.lower(), name.lower())
+    if key not in GLUE:
+        raise ValueError(f"unknown GLUE task {name!r}; the tasks are {sorted(GLUE)} (and 'glue' for all eight)")
+    return key
+
+
+# ----------------------------------------------------------------------------- SNLI
+
+
+def read_snli(snli_dir: str | Path = SNLI_DIR, dev_pairs: int = SNLI_DEV_PAIRS) -> Task:
+    """Shipped SNLI: dev = whole premises drawn with SPLIT_SEED until `dev_pairs` pairs, rest train; test apart."""
+    snli_dir = Path(snli_dir)
+    full, skipped = _read_jsonl(snli_dir / "train.jsonl.gz", SNLI, "premise", "hypothesis", "label")
+    test, more = _read_jsonl(snli_dir / "test.jsonl.gz", SNLI, "premise", "hypothesis", "label")
+    premises = sorted(set(full.text))
+    random.Random(SPLIT_SEED).shuffle(premises)
+    rows_of: dict[str, list[int]] = {}
+    for i, premise in enumerate(full.text):
+        rows_of.setdefault(premise, []).append(i)
+    dev_rows: list[int] = []
+    for premise in premises:
+        if len(dev_rows) >= dev_pairs:
+            break
+        dev_rows += rows_of[premise]
+    held = set(dev_rows)
+    train_rows = [i for i in range(len(full)) if i not in held]
+    note = (f"SNLI dev = {len(dev_rows)} pairs of train held out by premise (seed {SPLIT_SEED}); "
+            f"train {len(train_rows)} pairs; test {len(test)} pairs reported apart")
+    return Task(SNLI, full.take(train_rows), {"dev": full.take(sorted(dev_rows))}, test,
+                tuple(skipped + more), (note,))
+
+
+# ----------------------------------------------------------------------------- user-defined tasks
+
+
+USER_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def read_user_task(path: str | Path, kind: str | None = None, score: str | None = None) -> Task:
+    """A file split into train/dev with SPLIT_SEED, or a folder with train.* and dev.* (and test.*)."""
+    path = Path(path)
+    if path.is_dir():
+        found = {stem: _user_file(path, stem) for stem in ("train", "dev", "validation", "test")}
+        dev_file = found["dev"] or found["validation"]
+        if not (found["train"] and dev_file):
+            raise FileNotFoundError(f"{path}: a task folder needs train.<ext> and dev.<ext> (ext one of {USER_SUFFIXES})")
+        raw = {"train": _read_user_rows(found["train"]), "dev": _read_user_rows(dev_file)}
+        if found["test"]:
+            raw["test"] = _read_user_rows(found["test"])
+        name, notes = path.name, ()
+    elif path.is_file():
+        rows = _read_user_rows(path)
+        order = list(range(len(rows)))
+        random.Random(SPLIT_SEED).shuffle(order)
+        n_dev = max(1, round(USER_DEV_FRACTION * len(rows)))
+        raw = {"dev": [rows[i] for i in sorted(order[:n_dev])], "train": [rows[i] for i in sorted(order[n_dev:])]}
+        name = path.name.split(".")[0]
+        notes = (f"{name}: {path.name} split into train {len(raw['train'])} / dev {n_dev} rows (seed {SPLIT_SEED})",)
+    else:
+        raise FileNotFoundError(f"task file or folder {path} not found")
+    spec = _user_spec(name, raw["train"], kind, score)
+    splits, skipped = {}, []
+    for split, rows in raw.items():
+        collected = _Rows(rows[0].path if rows else str(path), spec, any(r.pair is not None for r in raw["train"]))
+        for r in rows:
+            if r.problem:
+                collected.skip(r.line, r.problem)
+            else:
+                collected.add(r.line, r.text, r.pair, r.label)
+        splits[split], more = collected.finish()
+        skipped += more
+    return Task(spec, splits["train"], {"dev": splits["dev"]}, splits.get("test"), tuple(skipped), notes)
+
+
+@dataclass(frozen=True)
+class _UserRow:
+    path: str
+    line: int
+    text: str | None
+    pair: str | None
+    label: str | None
+    problem: str = ""  # set when the row could not even be parsed (bad JSON, wrong field count)
+
+
+def _user_file(folder: Path, stem: str) -> Path | None:
+    for suffix in USER_SUFFIXES:
+        for candidate in (folder / f"{stem}{suffix}", folder / f"{stem}{suffix}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _read_user_rows(path: Path) -> list[_UserRow]:
+    suffix = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
+    if suffix not in USER_SUFFIXES:
+        raise ValueError(f"{path}: a task file is one of {USER_SUFFIXES} (optionally .gz)")
+    text = _read_text(path)
+    if suffix in (".jsonl", ".json"):
+        return _user_jsonl(str(path), text)
+    reader = csv.reader(io.StringIO(text), delimiter="\t" if suffix == ".tsv" else ",")
+    header = next(reader, None)
+    if header is None or "text" not in header or "label" not in header:
+        raise ValueError(f"{path}: the header must name columns 'text' and 'label' (and optionally 'text_pair'), "
+                         f"got {header}")
+    where = {c: header.index(c) for c in ("text", "text_pair", "label") if c in header}
+    rows = []
+    for fields in reader:
+        line = reader.line_num
+        if not fields:
+            continue
+        if len(fields) != len(header):
+            rows.append(_UserRow(str(path), line, None, None, None, f"expected {len(header)} fields, got {len(fields)}"))
+            continue
+        get = {c: fields[i] for c, i in where.items()}
+        rows.append(_UserRow(str(path), line, get["text"], get.get("text_pair"), get["label"]))
+    return rows
+
+
+def _user_jsonl(path: str, text: str) -> list[_UserRow]:
+    rows = []
+    for line, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            rows.append(_UserRow(path, line, None, None, None, "not a JSON object"))
+            continue
+        label = record.get("label")
+        rows.append(_UserRow(path, line, record.get("text"), record.get("text_pair"),
+                             None if label is None else str(label)))
+    return rows
+
+
+def _user_spec(name: str, rows: list[_UserRow], kind: str | None, score: str | None) -> TaskSpec:
+    labels = [r.label.strip() for r in rows if not r.problem and r.label is not None and r.label.strip()]
+    if not labels:
+        raise ValueError(f"task {name}: no labelled rows in train")
+    numbers = _as_numbers(labels)
+    if kind is None:
+        kind = "regression" if numbers is not None and any(v != int(v) for v in numbers) else "classification"
+    if kind == "regression":
+        return TaskSpec(name, name, "regression", (), ("spearman", "pearson"), score or "spearman")
+    distinct = sorted(set(labels), key=float) if numbers is not None else sorted(set(labels))
+    metrics = ("accuracy", "f1", "matthews_corr") if len(distinct) == 2 else ("accuracy", "matthews_corr")
+    return TaskSpec(name, name, "classification", tuple(distinct), metrics, score or "accuracy")
+
+
+def _as_numbers(labels: list[str]) -> list[float] | None:
+    try:
+        return [float(v) for v in labels]
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------- common
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    return data.decode("utf-8-sig")  # MRPC's files start with a byte-order mark
+
+
+def _read_jsonl(path: Path, spec: TaskSpec, text: str, pair: str | None, label: str) -> tuple[Split, list[SkippedRow]]:
+    rows = _Rows(str(path), spec, pair is not None)
+    for number, raw in enumerate(_read_text(path).split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            rows.skip(number, "not a JSON object")
+            continue
+        rows.add(number, record.get(text), record.get(pair) if pair else None, record.get(label))
+    return rows.finish()
+
+
+def load_tasks(which: str, glue_dir: str | Path | None = None, kind: str | None = None) -> list[Task]:
+    """'glue' (all eight), 'snli', a comma list of task names, or a user task file / folder."""
+    if Path(which).exists():
+        return [read_user_task(which, kind)]
+    names = [n.strip() for n in which.split(",") if n.strip()]
+    if names == ["glue"]:
+        names = list(GLUE)
+    tasks = []
+    for name in names:
+        if name.lower() == "snli":
+            tasks.append(read_snli())
+        elif GLUE_ALIASES.get(name.lower(), name.lower()) in GLUE:
+            tasks.append(read_glue_task(name, glue_dir) if glue_dir else read_glue_hub(name))
+        else:
+            raise ValueError(f"--tasks {which!r}: {name!r} is neither a task ({['glue', 'snli', *GLUE]}) "
+                             f"nor an existing file or folder")
+    return tasks
+
+
+def subsample(task: Task, max_train: int = 0, max_dev: int = 0) -> Task:
+    """Fixed-seed subsets (0 = all) so every trial of a sweep sees the same rows; test is never cut."""
+    def cut(split: Split, limit: int) -> Split:
+        if not limit or len(split) <= limit:
+            return split
+        return split.take(sorted(random.Random(SPLIT_SEED).sample(range(len(split)), limit)))
+
+    train = cut(task.train, max_train)
+    dev = {name: cut(split, max_dev) for name, split in task.dev.items()}
+    notes = list(task.notes)
+    if len(train) < len(task.train):
+        notes.append(f"{task.spec.display}: train cut to {len(train)} of {len(task.train)} rows (seed {SPLIT_SEED})")
+    for name, split in dev.items():
+        if len(split) < len(task.dev[name]):
+            notes.append(f"{task.spec.display}: {name} cut to {len(split)} of {len(task.dev[name])} rows (seed {SPLIT_SEED})")
+    return replace(task, train=train, dev=dev, notes=tuple(notes))
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+@dataclass(frozen=True)
+class EncodedSplit:
+    """Token ids of every example, ragged: example i is ids[offsets[i]:offsets[i + 1]]."""
+
+    ids: np.ndarray  # (total tokens,) int32
+    offsets: np.ndarray  # (N + 1,) int64
+    labels: np.ndarray  # (N,) int64 or float32
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass(frozen=True)
+class EncodedTask:
+    spec: TaskSpec
+    train: EncodedSplit
+    dev: dict[str, EncodedSplit]
+    test: EncodedSplit | None
+    pad_id: int
+    max_length: int
+    truncated: dict[str, int] = field(default_factory=dict)  # split -> examples cut to max_length
+
+
+def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
+    """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]` (SPEC section 6), longest side cut first to max_length."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    tokenizer.encode_special_tokens = True  # a literal "[SEP]" in the text stays text
+    special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
+    if None in special.values():
+        raise ValueError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
+    truncated: dict[str, int] = {}
+
+    def encode(split: Split, name: str) -> EncodedSplit:
+        first = [e.ids for e in tokenizer.encode_batch(split.text, add_special_tokens=False)]
+        second = [e.ids for e in tokenizer.encode_batch(split.text_pair, add_special_tokens=False)] \
+            if split.text_pair is not None else None
+        cls, sep = special["[CLS]"], special["[SEP]"]
+        sequences, cut = [], 0
+        for i, a in enumerate(first):
+            if second is None:
+                body = max_length - 2
+                cut += len(a) > body
+                sequences.append([cls, *a[:body], sep])
+            else:
+                b, budget = second[i], max_length - 4
+                cut += len(a) + len(b) > budget
+                a, b = _truncate_pair(a, b, budget)
+                sequences.append([cls, *a, sep, sep, *b, sep])
+        truncated[name] = cut
+        lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+        dtype = np.int64 if task.spec.kind == "classification" else np.float32
+        return EncodedSplit(np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum())),
+                            np.concatenate([[0], np.cumsum(lengths)]), np.asarray(split.labels, dtype=dtype))
+
+    return EncodedTask(
+        task.spec, encode(task.train, "train"), {k: encode(v, k) for k, v in task.dev.items()},
+        encode(task.test, "test") if task.test is not None else None, special["[PAD]"], max_length, truncated,
+    )
+
+
+def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """Longest first: drop tokens from the end of whichever side is longer until both fit."""
+    a, b = list(a), list(b)
+    while len(a) + len(b) > budget:
+        (a if len(a) >= len(b) else b).pop()
+    return a, b

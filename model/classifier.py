@@ -1,0 +1,73 @@
+"""Fine-tuning: the sentence(-pair) head on [CLS] (SPEC section 6) and loading an exported encoder.
+
+The head is the authors': dropout, dense H->H, tanh, dropout, output (num_classes logits, or one
+value for regression such as STS-B). `load_encoder` reads a directory written by
+`model.export.export_encoder` (config.json + model.safetensors) into our own `Encoder`, without
+transformers: the exported model and the fine-tuned one are one implementation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import EncoderConfig
+from .encoder import Encoder, init_weights
+
+EXPORT_PREFIX = "encoder."  # model.hf_modeling.COCOLMModel keeps our Encoder as `.encoder`
+
+
+class ClassificationHead(nn.Module):
+    def __init__(self, hidden_size: int, num_outputs: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out = nn.Linear(hidden_size, num_outputs)
+        self.apply(init_weights)
+
+    def forward(self, cls: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.dense(self.dropout(cls)))  # (B, H)
+        return self.out(self.dropout(x))  # (B, num_outputs)
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder + head on the [CLS] position. `num_outputs` = 1 makes it a regressor."""
+
+    def __init__(self, encoder: Encoder, num_outputs: int, dropout: float | None = None):
+        super().__init__()
+        self.encoder = encoder
+        self.head = ClassificationHead(encoder.cfg.hidden_size, num_outputs,
+                                       encoder.cfg.dropout if dropout is None else dropout)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.encoder(input_ids, attention_mask)  # (B, T, H)
+        return self.head(hidden[:, 0])  # (B, num_outputs)
+
+
+_DEFAULTED = {f.name for f in fields(EncoderConfig) if f.default is not MISSING}
+
+
+def encoder_config(config_json: dict) -> EncoderConfig:
+    """The EncoderConfig fields of an exported config.json (it also holds transformers' own keys)."""
+    names = {f.name for f in fields(EncoderConfig)}
+    missing = sorted(n for n in names if n not in config_json and n not in _DEFAULTED)
+    if missing:
+        raise ValueError(f"config.json lacks encoder field(s) {missing}: not a COCO-LM export?")
+    return EncoderConfig(**{k: v for k, v in config_json.items() if k in names})
+
+
+def load_encoder(directory: str | Path) -> Encoder:
+    """Our `Encoder` with the weights of an exported directory (config.json + model.safetensors)."""
+    from safetensors.torch import load_file  # small, but only this function needs it
+
+    directory = Path(directory)
+    cfg = encoder_config(json.loads((directory / "config.json").read_text()))
+    weights = load_file(str(directory / "model.safetensors"))
+    state = {k.removeprefix(EXPORT_PREFIX): v for k, v in weights.items() if k.startswith(EXPORT_PREFIX)}
+    encoder = Encoder(cfg)
+    encoder.load_state_dict(state, strict=True)
+    return encoder

@@ -1,0 +1,238 @@
+"""Task readers (real GLUE TSV formats written here, shipped SNLI, user files), metrics, encoding."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import sys
+
+import pytest
+
+from jobs.tasks import (
+    GLUE, SNLI_DEV_PAIRS, accuracy, encode_task, evaluate, f1, load_tasks, matthews_corr, pearson, ranks,
+    read_glue_hub, read_glue_task, read_snli, read_user_task, spearman, subsample,
+)
+
+# ----------------------------------------------------------------------------- metrics, against hand-computed values
+
+
+def test_accuracy_and_f1():
+    predictions, labels = [0, 1, 1, 0, 1], [0, 1, 0, 0, 0]
+    assert accuracy(predictions, labels) == pytest.approx(3 / 5)
+    # tp = 1 (index 1), fp = 2 (indices 2, 4), fn = 0: F1 = 2 / (2 + 2 + 0)
+    assert f1(predictions, labels) == pytest.approx(0.5)
+    assert f1([0, 0], [1, 0]) == 0.0  # no true positive
+
+
+def test_matthews_binary_multiclass_and_degenerate():
+    # tp 3, fp 1, tn 3, fn 1: (3*3 - 1*1) / sqrt(4*4*4*4) = 8 / 16
+    assert matthews_corr([1, 1, 1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1, 1, 0]) == pytest.approx(0.5)
+    # 3 classes: c=2, s=4, p=(2,1,1), t=(1,2,1): (2*4 - 5) / sqrt((16-6)(16-6)) = 3/10
+    assert matthews_corr([0, 1, 2, 0], [0, 1, 1, 2]) == pytest.approx(0.3)
+    assert matthews_corr([1, 1, 1, 1], [1, 0, 1, 0]) == 0.0  # constant predictions: 0 by convention
+    assert matthews_corr([0, 1, 0, 1], [1, 0, 1, 0]) == pytest.approx(-1.0)
+
+
+def test_pearson_and_spearman_with_ties():
+    # x mean 2.5, y mean 5: sxy 11, sxx 5, syy 26
+    assert pearson([1, 2, 3, 4], [2, 4, 5, 9]) == pytest.approx(11 / math.sqrt(130))
+    assert ranks([1, 2, 2, 3]) == [1, 2.5, 2.5, 4]
+    assert ranks([3.0, 1.0, 3.0, 3.0]) == [3, 1, 3, 3]
+    # ranks (1, 2.5, 2.5, 4) vs (1, 3, 2, 4): sxy 4.5, sxx 4.5, syy 5
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+    assert spearman([1, 2, 3], [1, 8, 27]) == pytest.approx(1.0)
+    assert pearson([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_task_scores_follow_the_paper():
+    assert GLUE["cola"][0].score == "matthews_corr"
+    assert GLUE["sts-b"][0].score == "spearman" and "pearson" in GLUE["sts-b"][0].metrics
+    for name in ("mrpc", "qqp"):  # paper Table 1: accuracy for the rest; F1 tabled beside it
+        assert GLUE[name][0].score == "accuracy" and "f1" in GLUE[name][0].metrics
+    result = evaluate(GLUE["mrpc"][0], [0, 1, 1, 0, 1], [0, 1, 0, 0, 0])
+    assert result == pytest.approx({"accuracy": 0.6, "f1": 0.5, "score": 0.6})
+
+
+# ----------------------------------------------------------------------------- GLUE fixtures in the real formats
+
+MNLI_TRAIN_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+                     "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label")
+MNLI_DEV_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+                   "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\t"
+                   "gold_label")
+NLI3 = ("contradiction", "entailment", "neutral")
+
+
+def _write(path, lines, bom=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(("\ufeff" if bom else "") + "\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_glue(root, n=12, qqp_malformed=()):
+    """Every GLUE task in its real TSV layout; `n` rows per file; QQP rows at `qqp_malformed` (0-based) lose a field."""
+    def mnli(header, labels_before_gold, shift=0):
+        rows = [header]
+        for i in range(n):
+            gold = NLI3[(i + shift) % 3]
+            rows.append("\t".join([str(i), "1", f"{i}e", "fiction", "( a )", "( b )", "(ROOT a)", "(ROOT b)",
+                                   f'He said "premise {i}', f"hypothesis {i}", *([gold] * labels_before_gold), gold]))
+        return rows
+
+    _write(root / "MNLI" / "train.tsv", mnli(MNLI_TRAIN_HEADER, 1))
+    _write(root / "MNLI" / "dev_matched.tsv", mnli(MNLI_DEV_HEADER, 5))
+    _write(root / "MNLI" / "dev_mismatched.tsv", mnli(MNLI_DEV_HEADER, 5, shift=2))
+    qqp = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
+    for i in range(n):
+        fields = [str(i), str(2 * i), str(2 * i + 1), f"How do I {i}?", f"How can I {i}?", str(i % 2)]
+        if i in qqp_malformed:
+            fields = fields[:4] + fields[5:]  # question2 lost, as in QQP's broken rows
+        qqp.append("\t".join(fields))
+    for split in ("train", "dev"):
+        _write(root / "QQP" / f"{split}.tsv", qqp)
+        _write(root / "QNLI" / f"{split}.tsv", ["index\tquestion\tsentence\tlabel"] + [
+            f"{i}\tWhat is {i}?\tIt is {i}.\t{('entailment', 'not_entailment')[i % 2]}" for i in range(n)])
+        _write(root / "SST-2" / f"{split}.tsv", ["sentence\tlabel"] + [f"a film number {i} \t{i % 2}" for i in range(n)])
+        # CoLA: no header; source, label, original label (* when unacceptable), sentence
+        _write(root / "CoLA" / f"{split}.tsv", [
+            f"gj04\t{i % 2}\t{'' if i % 2 else '*'}\tSentence {i} goes here." for i in range(n)])
+        _write(root / "RTE" / f"{split}.tsv", ["index\tsentence1\tsentence2\tlabel"] + [
+            f"{i}\tText {i}.\tHypothesis {i}.\t{('entailment', 'not_entailment')[i % 2]}" for i in range(n)])
+        _write(root / "MRPC" / f"{split}.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"] + [
+            f"{i % 2}\t{i}\t{i + 100}\tFirst {i} .\tSecond {i} ." for i in range(n)], bom=True)
+        _write(root / "STS-B" / f"{split}.tsv", [
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"] + [
+            f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\tA man {i}.\tA person {i}.\t{i * 0.4:.3f}"
+            for i in range(n)])
+    return root
+
+
+def test_every_glue_task_reads_from_the_glue_layout(tmp_path):
+    tasks = {t.spec.name: t for t in load_tasks("glue", glue_dir=write_glue(tmp_path))}
+    assert sorted(tasks) == sorted(GLUE)
+    for task in tasks.values():
+        assert len(task.train) == 12 and all(len(d) == 12 for d in task.dev.values()) and not task.skipped
+    mnli = tasks["mnli"]
+    assert list(mnli.dev) == ["dev_matched", "dev_mismatched"]
+    assert mnli.spec.target("dev_mismatched") == "MNLI-mm"
+    assert mnli.train.text[0] == 'He said "premise 0'  # bare quotes are text, not CSV quoting
+    assert mnli.train.labels[:3] == [0, 1, 2] and mnli.dev["dev_mismatched"].labels[0] == 2  # gold_label by header
+    assert tasks["sts-b"].train.labels[:3] == pytest.approx([0.0, 0.4, 0.8])
+    assert tasks["sts-b"].spec.kind == "regression" and tasks["sts-b"].train.text_pair[1] == "A person 1."
+    cola = tasks["cola"]
+    assert cola.train.text[0] == "Sentence 0 goes here." and cola.train.labels[:2] == [0, 1] and cola.train.text_pair is None
+    assert tasks["mrpc"].train.text[1] == "First 1 ." and tasks["mrpc"].train.labels[1] == 1  # BOM-led header found
+    assert tasks["qnli"].train.labels[:2] == [0, 1] and tasks["qqp"].train.text_pair[0] == "How can I 0?"
+    assert [t.spec.name for t in load_tasks("rte,MRPC", glue_dir=tmp_path)] == ["rte", "mrpc"]
+
+
+def test_qqp_malformed_rows_are_reported_by_line_number(tmp_path):
+    write_glue(tmp_path, n=300, qqp_malformed=(1, 40))  # file lines 3 and 42 (header is line 1)
+    task = read_glue_task("qqp", tmp_path)
+    assert len(task.train) == 298
+    assert [(r.line, r.reason) for r in task.skipped if r.path.endswith("train.tsv")] == [
+        (3, "expected 6 tab-separated fields, got 5"), (42, "expected 6 tab-separated fields, got 5")]
+    report = task.skip_report()
+    assert "QQP: skipped 2 malformed row(s)" in report and "line(s) 3, 42" in report and "dev.tsv" in report
+
+
+def test_a_file_mostly_malformed_is_an_error_not_a_skip(tmp_path):
+    write_glue(tmp_path, n=10, qqp_malformed=(0, 1, 2))
+    with pytest.raises(ValueError, match=r"3 of 10 rows are malformed.*\n.*line\(s\) 2, 3, 4"):
+        read_glue_task("qqp", tmp_path)
+
+
+def test_unknown_labels_and_columns_are_named(tmp_path):
+    write_glue(tmp_path, n=200)
+    path = tmp_path / "RTE" / "train.tsv"
+    lines = path.read_text().splitlines()
+    lines[6] = lines[6].replace("not_entailment", "maybe")  # row 5, file line 7
+    path.write_text("\n".join(lines) + "\n")
+    task = read_glue_task("rte", tmp_path)
+    assert [(r.line, r.reason) for r in task.skipped] == [(7, "label 'maybe' not in ['entailment', 'not_entailment']")]
+    (tmp_path / "SST-2" / "train.tsv").write_text("text\tlabel\nfine\t1\n")
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['sentence'\]"):
+        read_glue_task("sst-2", tmp_path)
+    with pytest.raises(ValueError, match="unknown GLUE task 'wnli'"):
+        read_glue_task("wnli", tmp_path)
+
+
+def test_hub_without_datasets_says_what_to_do(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import fails as if not installed; never touches the network
+    with pytest.raises(ImportError, match="pip install datasets.*--glue-dir"):
+        read_glue_hub("rte")
+
+
+# ----------------------------------------------------------------------------- SNLI and user-defined tasks
+
+
+def test_snli_dev_is_held_out_by_premise_with_a_fixed_seed():
+    task = read_snli()
+    dev = task.dev["dev"]
+    assert SNLI_DEV_PAIRS <= len(dev) < SNLI_DEV_PAIRS + 10
+    assert len(task.train) + len(dev) == 99_890 and len(task.test) == 9_824
+    assert not set(dev.text) & set(task.train.text)  # no premise on both sides
+    assert read_snli().dev["dev"].text_pair == dev.text_pair  # the same holdout every time
+    small = subsample(task, max_train=500, max_dev=100)
+    assert len(small.train) == 500 and len(small.dev["dev"]) == 100 and len(small.test) == 9_824
+    assert subsample(task, 500, 100).train.text_pair == small.train.text_pair
+    assert any("held out by premise" in n for n in task.notes)
+
+
+def test_user_file_split_kind_inferred_and_malformed_rows_reported(tmp_path):
+    rows = [{"text": f"review {i}", "label": ["bad", "good"][i % 2]} for i in range(200)]
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(10, "{broken json")  # line 11
+    path = tmp_path / "reviews.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    task = read_user_task(path)
+    assert task.spec.name == "reviews" and task.spec.kind == "classification" and task.spec.labels == ("bad", "good")
+    assert len(task.train) + len(task.dev["dev"]) == 200 and len(task.dev["dev"]) == 20
+    assert [(r.line, r.reason) for r in task.skipped] == [(11, "not a JSON object")]
+    assert read_user_task(path).dev["dev"].text == task.dev["dev"].text  # fixed-seed split
+    assert task.spec.score == "accuracy" and "f1" in task.spec.metrics
+
+    csv_path = tmp_path / "similarity.csv"
+    csv_path.write_text("text,text_pair,label\n" + "".join(f'"a, {i}",b {i},{i / 7:.3f}\n' for i in range(100)))
+    regression = read_user_task(csv_path)
+    assert regression.spec.kind == "regression" and regression.spec.score == "spearman"
+    assert regression.train.text_pair is not None and "," in regression.train.text[0]
+    ratings = tmp_path / "ratings.tsv"
+    ratings.write_text("text\tlabel\n" + "".join(f"item {i}\t{1 + i % 5}\n" for i in range(100)))
+    assert read_user_task(ratings).spec.labels == ("1", "2", "3", "4", "5")  # whole numbers: classes by default
+    overridden = read_user_task(ratings, kind="regression")
+    assert overridden.spec.kind == "regression" and set(overridden.train.labels) <= {1.0, 2.0, 3.0, 4.0, 5.0}
+
+
+def test_user_folder_with_train_dev_test(tmp_path):
+    folder = tmp_path / "mytask"
+    folder.mkdir()
+    for split, n in (("train", 120), ("dev", 30), ("test", 30)):
+        (folder / f"{split}.tsv").write_text(
+            "text\ttext_pair\tlabel\n" + "".join(f"q {i}\ta {i}\t{i % 3}\n" for i in range(n)))
+    (task,) = load_tasks(str(folder))
+    assert task.spec.name == "mytask" and task.spec.labels == ("0", "1", "2") and task.spec.kind == "classification"
+    assert (len(task.train), len(task.dev["dev"]), len(task.test)) == (120, 30, 30)
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def test_pairs_encode_as_cls_a_sep_sep_b_sep_and_truncate(tmp_path, tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    write_glue(tmp_path, n=4)
+    task = read_glue_task("rte", tmp_path)
+    encoded = encode_task(task, tokenizer_dir, max_length=64)
+    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    cls, sep = vocab.token_to_id("[CLS]"), vocab.token_to_id("[SEP]")
+    first = encoded.train.ids[encoded.train.offsets[0]:encoded.train.offsets[1]].tolist()
+    a = vocab.encode("Text 0.", add_special_tokens=False).ids
+    b = vocab.encode("Hypothesis 0.", add_special_tokens=False).ids
+    assert first == [cls, *a, sep, sep, *b, sep]
+    assert encoded.train.labels.tolist() == [0, 1, 0, 1]
+    short = encode_task(task, tokenizer_dir, max_length=8)
+    assert short.train.lengths().max() <= 8 and short.truncated["train"] > 0
+    single = encode_task(read_glue_task("sst-2", tmp_path), tokenizer_dir, max_length=64)
+    one = single.dev["dev"].ids[single.dev["dev"].offsets[0]:single.dev["dev"].offsets[1]].tolist()
+    assert one[0] == cls and one[-1] == sep and sep not in one[1:-1]
