@@ -60,15 +60,10 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     _log_config(client, run_id, cfg)
     print(f"MLflow run {run_id} ({'resuming' if status != 'NEW' else 'new'}) in experiment {experiment!r} "
           f"at {tracking_uri}", flush=True)
-    try:
+    with tracking.ending_run(client, run_id):
         checkpoint = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
         _finish(client, run_id, cfg, stream, checkpoint)
-    except BaseException:
-        tracking.end_run(client, run_id, ok=False)
-        raise
-    tracking.end_run(client, run_id, ok=True)
-    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint}\n"
-          f"open the UI:   mlflow ui --backend-store-uri {tracking_uri}   (then http://127.0.0.1:5000)")
+    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint}\nopen the UI:   {tracking.ui_command(tracking_uri)}")
     return PretrainResult(run_id, run_name, checkpoint, tracking_uri, "FINISHED")
 
 

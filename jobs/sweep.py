@@ -301,7 +301,7 @@ def run(opts: SweepOptions) -> SweepResult:
                                      "git_commit": tracking.git_commit(),
                                      "mlflow.note.content": _note(client, plan.pretraining_run, opts.source)})
     run_id = parent.info.run_id
-    try:
+    with tracking.ending_run(client, run_id):
         tracking.log_params(client, run_id, plan.params)
         client.log_text(run_id, plan.notes + "\n", "data_notes.txt")
         trials = len(plan.points) * len(opts.seeds)
@@ -310,12 +310,7 @@ def run(opts: SweepOptions) -> SweepResult:
         results = _tune(opts, plan, tracking_uri, experiment_id, run_id)
         out = _tabulate(results, plan.encoded, opts.seeds)
         _log_tables(client, run_id, out)
-    except BaseException:
-        tracking.end_run(client, run_id, ok=False)
-        raise
-    tracking.end_run(client, run_id, ok=True)
-    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n"
-          f"open the UI:          mlflow ui --backend-store-uri {tracking_uri}   (then http://127.0.0.1:5000)")
+    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\nopen the UI:          {tracking.ui_command(tracking_uri)}")
     return SweepResult(run_id, out.trials, out.summary, out.best, out.table, out.markdown)
 
 

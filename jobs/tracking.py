@@ -7,6 +7,7 @@ so a store relative to the working directory would vanish with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import urllib.error
@@ -75,6 +76,21 @@ def find_or_start_run(
 
 def end_run(client: MlflowClient, run_id: str, ok: bool) -> None:
     client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED))
+
+
+@contextlib.contextmanager
+def ending_run(client: MlflowClient, run_id: str):
+    """Marks the run FINISHED when the block succeeds, FAILED on any exception (Ctrl-C too), and re-raises."""
+    try:
+        yield
+    except BaseException:
+        end_run(client, run_id, ok=False)
+        raise
+    end_run(client, run_id, ok=True)
+
+
+def ui_command(tracking_uri: str) -> str:
+    return f"mlflow ui --backend-store-uri {tracking_uri}   (then http://127.0.0.1:5000)"
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
