@@ -1,0 +1,289 @@
+"""The paper's tables and figures from tracked MLflow runs, written to a folder and logged on an "analysis" run.
+
+    python -m analysis.report [--experiment NAME] [--tracking-uri URI] --out DIR
+
+Reads (all experiments, or the one named) the pretraining runs (tag kind=pretraining; per preset and variant
+the newest finished run) and the fine-tuning sweep parents (tag cocolm.pretraining_run; per task the newest
+finished sweep) and writes:
+
+    finetuning_table.{csv,md}   Table 1 style: best-point median per task per pretraining run, and AVG
+    ablation_table.{csv,md}     Table 3 style: variants as rows, each score with its difference to `cocolm`
+    fig8_copy_lm_accuracy.png   copy and LM accuracy on replaced vs original tokens during pretraining
+    fig7_scl_cosine.png         mean cosine of positive (7a) and negative (7b) SCL pairs during pretraining
+    fig1_cls_cosine.png         [CLS] cosine histograms, random vs similar pairs (when jobs.represent ran)
+    representation.{csv,md}     the representation summary metrics per variant (idem)
+
+A value that was never measured is missing ("-" in markdown, empty in CSV), never 0; a difference is
+missing when either side is. AVG is the GLUE average (MNLI-m for MNLI, MNLI-mm not averaged) when the
+table has all eight GLUE tasks, else the mean of its tasks; missing whenever one of them is. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.medians import GLUE_TARGETS
+from analysis.runs import (REPRESENT_ARTIFACT, REPRESENT_METRICS, experiment_ids, histories, latest_per_variant,
+                           pretraining_runs, sweep_scores)
+
+BASELINE = "cocolm"
+AVG = "AVG"
+RUN_COLUMNS = ["preset", "variant", "run_name", "run_id"]
+FIG8 = (("Copy accuracy", "copy_accuracy_replaced", "copy_accuracy_original"),
+        ("LM accuracy", "lm_accuracy_replaced", "lm_accuracy_original"))
+FIG7 = (("(a) SCL positive-pair cosine", "scl_positive_cosine"), ("(b) SCL negative-pair cosine", "scl_negative_cosine"))
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def task_order(tasks: Sequence[str]) -> list[str]:
+    """The paper's GLUE column order first (MNLI-mm after MNLI-m), other tasks after, alphabetically."""
+    order = [*GLUE_TARGETS[:1], "MNLI-mm", *GLUE_TARGETS[1:]]
+    return [t for t in order if t in tasks] + sorted(t for t in tasks if t not in order)
+
+
+def finetuning_table(runs: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
+    """Table 1: one row per pretraining run, one column per task (best-point median, 0..1), and AVG."""
+    tasks = task_order(sorted(set(scores["task"])))
+    wide = scores.pivot_table(index="pretraining_run", columns="task", values="score", aggfunc="last") \
+        if len(scores) else pd.DataFrame()
+    table = runs[RUN_COLUMNS].copy()
+    for task in tasks:
+        table[task] = table["run_id"].map(wide[task]) if task in wide else np.nan
+    # A table with all eight GLUE columns averages those (a row lacking one has no average), else every task.
+    averaged = list(GLUE_TARGETS) if set(GLUE_TARGETS) <= set(tasks) else [t for t in tasks if t != "MNLI-mm"]
+    table[AVG] = table.reindex(columns=averaged).astype(float).mean(axis=1, skipna=False) if averaged else np.nan
+    return table
+
+
+def ablation_table(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """Table 3: the fine-tuning table with, per score column, `<col> diff` = score - the baseline variant's
+    score of the same preset (missing if either is missing, or if the preset has no baseline run)."""
+    scores = [c for c in table.columns if c not in RUN_COLUMNS]
+    out = table.copy()
+    base = table[table["variant"] == baseline].drop_duplicates("preset", keep="last").set_index("preset")
+    for column in scores:
+        reference = out["preset"].map(base[column]) if len(base) else np.nan
+        out[f"{column} diff"] = out[column].astype(float) - pd.Series(reference, index=out.index).astype(float)
+    is_base = (out["variant"] == baseline).astype(int)
+    return out.assign(_base=-is_base).sort_values(["preset", "_base"], kind="stable").drop(columns="_base") \
+        .reset_index(drop=True)
+
+
+def score_markdown(table: pd.DataFrame, with_diffs: bool = False) -> str:
+    """Scores x100 with two decimals, differences signed in parentheses, '-' for a missing value."""
+    scores = [c for c in table.columns if c not in RUN_COLUMNS and not c.endswith(" diff")]
+    shown = ["preset", "variant", "run_name", *scores]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
+    for _, row in table.iterrows():
+        cells = [str(row[c]) for c in ("preset", "variant", "run_name")]
+        for column in scores:
+            cell = "-" if pd.isna(row[column]) else f"{100 * row[column]:.2f}"
+            if with_diffs and row["variant"] != BASELINE:
+                diff = row.get(f"{column} diff", np.nan)
+                cell += " (-)" if pd.isna(diff) else f" ({100 * diff:+.2f})"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[tuple[str, ...]], title: str,
+                  path: Path) -> Path | None:
+    """One panel per (title, key, [second key]): a line per run (colour) and key (solid: first, dashed: second).
+    None when no run logged any of the keys."""
+    keys = {k for panel in panels for k in panel[1:]}
+    hist = hist[hist["key"].isin(keys)]
+    if hist.empty:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    colours = {run_id: f"C{i % 10}" for i, run_id in enumerate(labels)}
+    for ax, (name, *panel_keys) in zip(axes[0], panels):
+        for run_id, label in labels.items():
+            for key, style in zip(panel_keys, ("-", "--")):
+                points = hist[(hist["run_id"] == run_id) & (hist["key"] == key)]
+                if len(points):
+                    suffix = f" {key.rsplit('_', 1)[-1]}" if len(panel_keys) > 1 else ""
+                    ax.plot(points["step"], points["value"], style, color=colours[run_id], label=label + suffix)
+        ax.set_title(name)
+        ax.set_xlabel("pretraining step")
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
+    """Paper Fig. 1/5: per variant (side by side) histograms of [CLS] cosine similarity of random corpus
+    pairs and of similar pairs. `cosines` maps a label to a frame with columns kind (random|similar), cosine."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(cosines), figsize=(4 * len(cosines), 3.5), squeeze=False, sharey=False)
+    for ax, (label, df) in zip(axes[0], cosines.items()):
+        # Bins over the panel's own range: on [-1, 1] a collapsed (early, tiny) model is one bar at 1.0.
+        low, high = float(df["cosine"].min()), float(df["cosine"].max())
+        bins = np.linspace(low, max(high, low + 1e-6), 41)
+        for kind, colour in (("random", "C0"), ("similar", "C3")):
+            values = df.loc[df["kind"] == kind, "cosine"]
+            ax.hist(values, bins=bins, alpha=0.6, color=colour, density=True,
+                    label=f"{kind} pairs (mean {values.mean():.4f})")
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("cosine similarity of [CLS]")
+        ax.legend(fontsize=7)
+    fig.suptitle("[CLS] cosine similarity: random corpus pairs vs similar (SNLI entailment) pairs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass
+class Report:
+    out: Path
+    finetuning: pd.DataFrame
+    ablation: pd.DataFrame
+    files: list[Path] = field(default_factory=list)
+    analysis_run: str = ""
+
+
+def _label(row) -> str:
+    return f"{row['variant']} ({row['preset']})"
+
+
+def build(client, experiment: str | None, out: Path) -> Report:
+    """Every table and figure into `out`; nothing is logged here."""
+    out.mkdir(parents=True, exist_ok=True)
+    experiments = experiment_ids(client, experiment)
+    runs = latest_per_variant(pretraining_runs(client, experiments))
+    scores = sweep_scores(client, experiments)
+    table = finetuning_table(runs, scores)
+    ablation = ablation_table(table)
+    files = []
+    for name, df, diffs in (("finetuning_table", table, False), ("ablation_table", ablation, True)):
+        df.to_csv(out / f"{name}.csv", index=False)  # missing values are empty cells
+        title = ("Fine-tuning (Table 1 style): best grid point, median over seeds, x100" if not diffs else
+                 f"Ablation (Table 3 style): x100, (difference to {BASELINE} of the same preset)")
+        (out / f"{name}.md").write_text(f"{title}\n\n" + score_markdown(df, with_diffs=diffs))
+        files += [out / f"{name}.csv", out / f"{name}.md"]
+    labels = {row["run_id"]: _label(row) for _, row in runs.iterrows()}
+    keys = [k for panel in (*FIG8, *FIG7) for k in panel[1:]]
+    hist = histories(client, list(labels), keys)
+    for panels, title, name in ((FIG8, "Fig. 8: replaced (solid) vs original (dashed) tokens", "fig8_copy_lm_accuracy"),
+                                (FIG7, "Fig. 7a/b: SCL cosine during pretraining", "fig7_scl_cosine")):
+        made = curves_figure(hist, labels, panels, title, out / f"{name}.png")
+        files += [made] if made else []
+    files += _representation(client, runs, out)
+    return Report(out, table, ablation, files)
+
+
+def _representation(client, runs: pd.DataFrame, out: Path) -> list[Path]:
+    """The summary metrics table and the histogram figure of the runs that jobs.represent analysed."""
+    columns = [f"metrics.{m}" for m in REPRESENT_METRICS]
+    present = [c for c in columns if c in runs.columns]
+    if not present:
+        return []
+    done = runs[runs[present].notna().any(axis=1)]
+    summary = done[RUN_COLUMNS].assign(**{c.split("/")[-1]: done.get(c, np.nan) for c in columns})
+    summary.to_csv(out / "representation.csv", index=False)
+    body = "\n".join(f"| {r.variant} | {r.preset} | {r.random_cosine_mean:.3f} | {r.similar_cosine_mean:.3f} | "
+                     f"{r.cosine_gap:.3f} |" for r in summary.itertuples())
+    (out / "representation.md").write_text("Mean [CLS] cosine (Fig. 1/5)\n\n| variant | preset | random pairs | "
+                                           "similar pairs | gap |\n|---|---|---|---|---|\n" + body + "\n")
+    files = [out / "representation.csv", out / "representation.md"]
+    cosines = {}
+    with tempfile.TemporaryDirectory(prefix="cocolm-report-") as tmp:
+        for _, row in done.iterrows():
+            try:
+                local = client.download_artifacts(row["run_id"], REPRESENT_ARTIFACT, tmp)
+            except Exception:  # an older run with metrics but no per-pair file: table only
+                continue
+            cosines[_label(row)] = pd.read_csv(local)
+    if cosines:
+        files.append(representation_figure(cosines, out / "fig1_cls_cosine.png"))
+    return files
+
+
+def log_report(client, tracking_uri: str, report: Report, experiment: str | None) -> str:
+    """An "analysis" run (in the study's experiment, else in "analysis") holding every file as an artifact."""
+    from jobs import tracking
+
+    experiment_id = tracking.experiment_id(client, experiment or "analysis", tracking_uri)
+    run = client.create_run(experiment_id, run_name="analysis-report", tags={
+        "kind": "analysis", "git_commit": tracking.git_commit(),
+        "mlflow.note.content": "Tables and figures of `python -m analysis.report`: see Artifacts."})
+    try:
+        for path in report.files:
+            client.log_artifact(run.info.run_id, str(path))
+    except BaseException:
+        tracking.end_run(client, run.info.run_id, ok=False)
+        raise
+    tracking.end_run(client, run.info.run_id, ok=True)
+    return run.info.run_id
+
+
+def run(out: str | Path, experiment: str | None = None, tracking_uri: str | None = None, log: bool = True) -> Report:
+    from mlflow.tracking import MlflowClient
+
+    from jobs import tracking
+    from jobs.env import set_hermetic_env
+
+    set_hermetic_env()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    client = MlflowClient(tracking_uri)
+    report = build(client, experiment, Path(out))
+    if log:
+        report.analysis_run = log_report(client, tracking_uri, report, experiment)
+    print((Path(out) / "finetuning_table.md").read_text())
+    print((Path(out) / "ablation_table.md").read_text())
+    print("wrote:\n" + "\n".join(f"  {p}" for p in report.files))
+    if report.analysis_run:
+        print(f"MLflow analysis run: {report.analysis_run}")
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", help="only this MLflow experiment (default: all); the analysis run goes there")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
+    parser.add_argument("--out", required=True, help="folder for the tables and figures")
+    parser.add_argument("--no-log", action="store_true", help="write the files only, no analysis run")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Report:
+    args = parse_args(argv)
+    return run(args.out, args.experiment, args.tracking_uri, log=not args.no_log)
+
+
+if __name__ == "__main__":
+    main()

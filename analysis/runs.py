@@ -1,0 +1,95 @@
+"""Tracked runs -> pandas: pretraining runs, fine-tuning sweep parents, metric histories. No torch.
+
+The tags read here are written by the jobs (jobs/pretrain.py, jobs/sweep.py, jobs/represent.py); their
+names are repeated as constants because those modules import torch or ray; of jobs/ only the torch-free
+jobs.tracking is used by analysis/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+KIND_TAG = "kind"  # pretraining | finetuning-sweep | finetuning-trial | analysis
+PRETRAINING_TAG = "cocolm.pretraining_run"  # jobs.sweep.PRETRAINING_TAG: the sweep parent's pretraining run
+BEST_METRIC = re.compile(r"^best/(?P<task>.+)/median$")  # jobs.sweep._log_tables: the best point's median per task
+REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
+REPRESENT_ARTIFACT = "represent/cosines.csv"  # jobs.represent: one row per pair (kind, cosine)
+
+
+def experiment_ids(client, experiment: str | None) -> list[str]:
+    """The named experiment (an error naming the known ones if absent), or every active experiment."""
+    if experiment:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            known = sorted(e.name for e in client.search_experiments())
+            raise ValueError(f"no MLflow experiment {experiment!r}; this store has {known}")
+        return [found.experiment_id]
+    return [e.experiment_id for e in client.search_experiments()]
+
+
+def search(client, experiments: Sequence[str], filter_string: str) -> list:
+    """Every run matching the filter (MLflow pages at 1000; studies are small, but never silently cut)."""
+    runs, token = [], None
+    while experiments:
+        page = client.search_runs(list(experiments), filter_string=filter_string, max_results=1000, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            break
+    return runs
+
+
+def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
+    """One row per pretraining run: ids, preset, variant, status, times and the last value of every metric.
+    Sorted by start time, oldest first."""
+    rows = []
+    for run in search(client, experiments, f"tags.{KIND_TAG} = 'pretraining'"):
+        tags = run.data.tags
+        rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
+                     "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
+                     "variant": tags.get("variant", ""), "status": run.info.status,
+                     "start_time": run.info.start_time, **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
+    columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "status", "start_time"]
+    df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+    return df.sort_values("start_time", kind="stable").reset_index(drop=True)
+
+
+def latest_per_variant(runs: pd.DataFrame) -> pd.DataFrame:
+    """The run a study reports per (preset, variant): the newest finished one, else the newest of any status."""
+    if runs.empty:
+        return runs
+    ranked = runs.assign(_finished=runs["status"] == "FINISHED").sort_values(["_finished", "start_time"],
+                                                                           kind="stable")
+    return ranked.groupby(["preset", "variant"], sort=False).tail(1).drop(columns="_finished") \
+        .sort_values("start_time", kind="stable").reset_index(drop=True)
+
+
+def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
+    """One row per (pretraining run, task): the best grid point's median score of the newest finished sweep
+    parent of that pretraining run that has the task. Columns: pretraining_run, task, score, sweep_run, glue_avg."""
+    rows = []
+    for run in search(client, experiments, f"tags.{KIND_TAG} = 'finetuning-sweep' and attributes.status = 'FINISHED'"):
+        pretraining = run.data.tags.get(PRETRAINING_TAG, "")
+        for key, value in run.data.metrics.items():
+            match = BEST_METRIC.match(key)
+            if match:
+                rows.append({"pretraining_run": pretraining, "task": match["task"], "score": value,
+                             "sweep_run": run.info.run_id, "start_time": run.info.start_time,
+                             "glue_avg": run.data.metrics.get("glue_avg", np.nan)})
+    columns = ["pretraining_run", "task", "score", "sweep_run", "start_time", "glue_avg"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")
+    return df.groupby(["pretraining_run", "task"], sort=False).tail(1).reset_index(drop=True)
+
+
+def histories(client, run_ids: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:
+    """Long table run_id, key, step, value of every logged value of `keys` (absent keys give no rows)."""
+    rows = [{"run_id": run_id, "key": key, "step": m.step, "value": m.value}
+            for run_id in run_ids for key in keys for m in client.get_metric_history(run_id, key)]
+    df = pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
+    return df.sort_values(["run_id", "key", "step"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,164 @@
+"""An ablation study: pretrain every variant, fine-tune each, all in one MLflow experiment.
+
+    python -m jobs.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
+        [--tasks snli|glue|rte,mrpc] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
+        [--tracking-uri URI] [--storage URI] [--experiment NAME]
+
+Variants are pretrained one after the other (`jobs.pretrain.run`): each pretraining run already takes
+the workers its preset asks for, so on a small machine two at once would only contend, and on a
+cluster Ray Train schedules each run's workers anyway. With `--tasks`, each finished pretraining run
+is swept (`jobs.sweep.run`; default: no fine-tuning) right after it. Every run goes into one
+experiment (default `ablation-<preset>`) and carries its `variant` tag, so the MLflow UI's runs table
+and compare view line the variants up; `python -m analysis.report --experiment ablation-<preset>`
+writes the Table 3 style table and the figures.
+
+Re-running the same command skips what finished: a pretraining run with the same resolved config is
+reported ALREADY_FINISHED by `jobs.pretrain`, and a sweep is skipped when the experiment holds a
+finished sweep parent of that pretraining run with the same tasks, grid and seeds. An unfinished
+pretraining run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from .env import set_hermetic_env
+
+
+@dataclass(frozen=True)
+class AblationOptions:
+    preset: str
+    variants: tuple[str, ...]
+    overrides: tuple[str, ...] = ()  # --set, applied to every variant after its overlay
+    tasks: str | None = None  # None: pretraining only
+    grid: str = "quick"
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    max_train: int | None = None
+    max_dev: int | None = None
+    tracking_uri: str | None = None
+    storage: str | None = None
+    experiment: str | None = None  # default ablation-<preset>
+
+    @property
+    def experiment_name(self) -> str:
+        return self.experiment or f"ablation-{self.preset}"
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    variant: str
+    pretraining_run: str
+    pretraining_status: str  # FINISHED | ALREADY_FINISHED
+    sweep_run: str = ""  # "" when no tasks
+    sweep_status: str = ""  # FINISHED | ALREADY_FINISHED | ""
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    experiment: str
+    tracking_uri: str
+    variants: list[VariantResult] = field(default_factory=list)
+
+
+def run(opts: AblationOptions) -> AblationResult:
+    """Check every variant resolves before any compute, then pretrain (and sweep) them in order."""
+    set_hermetic_env()
+    from mlflow.tracking import MlflowClient
+
+    from . import pretrain, tracking
+    from .config import resolve
+
+    configs = {v: resolve(opts.preset, v, list(opts.overrides)) for v in opts.variants}  # unknown names fail here
+    tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_tracking(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    tracking.experiment_id(client, opts.experiment_name, tracking_uri)  # the driver creates the store first
+    results = []
+    for i, (variant, cfg) in enumerate(configs.items(), 1):
+        print(f"\n=== ablation {opts.experiment_name}: variant {i}/{len(configs)} {variant} ===", flush=True)
+        done = pretrain.run(cfg, tracking_uri, opts.storage, experiment=opts.experiment_name)
+        sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, done.run_id,
+                                                                         variant)
+        results.append(VariantResult(variant, done.run_id, done.status, sweep_run, sweep_status))
+    print(_summary(opts, tracking_uri, results))
+    return AblationResult(opts.experiment_name, tracking_uri, results)
+
+
+def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, grid: str, seeds: tuple[int, ...]) -> str:
+    """The id of a finished sweep parent of `pretraining_run` with these tasks, grid and seeds, or ""."""
+    from .sweep import PRETRAINING_TAG
+
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return ""
+    runs = client.search_runs(
+        [found.experiment_id], max_results=1000,
+        filter_string=(f"tags.`{PRETRAINING_TAG}` = '{pretraining_run}' and tags.kind = 'finetuning-sweep' "
+                       f"and attributes.status = 'FINISHED' and params.tasks = '{tasks}' and params.grid = '{grid}' "
+                       f"and params.seeds = '{','.join(map(str, seeds))}'"))
+    return runs[0].info.run_id if runs else ""
+
+
+def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: str, variant: str) -> tuple[str, str]:
+    from .sweep import SweepOptions, load_grid
+    from .sweep import run as run_sweep
+
+    grid = load_grid(opts.grid).name  # the sweep logs the grid by name (a file's stem)
+    existing = finished_sweep(client, opts.experiment_name, pretraining_run, opts.tasks, grid, opts.seeds)
+    if existing:
+        print(f"sweep of {variant} on {opts.tasks} (grid {grid}) already finished: MLflow run {existing}", flush=True)
+        return existing, "ALREADY_FINISHED"
+    result = run_sweep(SweepOptions(
+        source=pretraining_run, tasks=opts.tasks, grid=opts.grid, seeds=opts.seeds, tracking_uri=tracking_uri,
+        max_train=opts.max_train, max_dev=opts.max_dev, experiment=opts.experiment_name,
+        name=f"sweep-{variant}-{grid}-{opts.tasks}"[:200]))
+    client.set_tag(result.run_id, "variant", variant)  # the compare view's variant column for sweeps too
+    client.set_tag(result.run_id, "preset", opts.preset)
+    return result.run_id, "FINISHED"
+
+
+def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResult]) -> str:
+    lines = [f"\nablation study {opts.experiment_name!r} ({len(results)} variants):"]
+    for r in results:
+        sweep = f"; sweep {r.sweep_run} {r.sweep_status}" if r.sweep_run else ""
+        lines.append(f"  {r.variant:<16} pretraining {r.pretraining_run} {r.pretraining_status}{sweep}")
+    lines += [f"tables and figures: python -m analysis.report --experiment {opts.experiment_name} "
+              f"--tracking-uri {tracking_uri} --out report-{opts.experiment_name}",
+              f"compare in the UI:  mlflow ui --backend-store-uri {tracking_uri}   (experiment "
+              f"{opts.experiment_name}: select the runs, then Compare)"]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--variants", required=True, help="comma list of variant names, e.g. cocolm,rtd_only,clm_only")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted config override for every variant, e.g. train.max_steps=40 (repeatable)")
+    parser.add_argument("--tasks", help="fine-tune every variant on these tasks (snli | glue | rte,mrpc); default: none")
+    parser.add_argument("--grid", default="quick", help="the sweep grid (see jobs.sweep)")
+    parser.add_argument("--seeds", default="5", help="how many seeds, or a comma list")
+    parser.add_argument("--max-train", type=int, help="train examples per task (default: the grid's)")
+    parser.add_argument("--max-dev", type=int, help="dev examples per dev set (default: the grid's)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
+    parser.add_argument("--storage", help="checkpoint storage (default: $COCOLM_HOME/ray_results)")
+    parser.add_argument("--experiment", help="MLflow experiment (default: ablation-<preset>)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> AblationResult:
+    from .sweep import parse_seeds
+
+    args = parse_args(argv)
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    if not variants:
+        raise SystemExit("--variants names no variant")
+    return run(AblationOptions(
+        preset=args.preset, variants=variants, overrides=tuple(args.overrides), tasks=args.tasks, grid=args.grid,
+        seeds=parse_seeds(args.seeds), max_train=args.max_train, max_dev=args.max_dev,
+        tracking_uri=args.tracking_uri, storage=args.storage, experiment=args.experiment))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Representation analysis (paper Fig. 1/5): cosine similarity of [CLS] vectors, random vs similar pairs.
+
+    python -m jobs.represent --from RUN_ID[,RUN_ID...] | --experiment NAME
+        [--pairs 500] [--max-length 64] [--tracking-uri URI] [--out DIR]
+
+For each pretraining run: its exported encoder (artifact `encoder/`, with the tokenizer) embeds
+`--pairs` random pairs of documents of the shipped corpus (data/corpus, each cut to `--max-length`
+tokens) and as many semantically similar pairs (SNLI entailment premise/hypothesis pairs from the
+shipped SNLI train split), each text alone as `[CLS] text [SEP]`; the [CLS] vector of the last
+layer is the sentence's representation. The pairs are drawn with a fixed seed, so every run sees
+the same pairs. Logged on the pretraining run itself: metrics represent/random_cosine_mean,
+represent/similar_cosine_mean, represent/cosine_gap (similar - random), the per-pair cosines
+`represent/cosines.csv` and its histogram `represent/fig1_cls_cosine.png`. With --experiment every
+pretraining run of that experiment is analysed (the newest per variant); --out writes one figure
+with the variants side by side (`analysis.report` draws the same figure from the logged files).
+
+COCO-LM spreads random pairs around 0 and keeps similar pairs high; ELECTRA-style objectives pile
+every pair near 0.9 (the paper's anisotropy argument).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .env import set_hermetic_env
+
+SEED = 0
+METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
+
+
+@dataclass(frozen=True)
+class Pairs:
+    random: list[tuple[str, str]]  # two different corpus documents
+    similar: list[tuple[str, str]]  # SNLI premise and its entailed hypothesis
+
+
+def corpus_documents() -> list[str]:
+    """The shipped corpus' cleaned documents (the same cleaning as pretraining's)."""
+    from .corpus import parse_file, shipped_corpus
+
+    documents = []
+    for path in shipped_corpus():
+        documents += parse_file(path, Path(path).read_bytes())[0]
+    return documents
+
+
+def draw_pairs(count: int, documents: list[str] | None = None, seed: int = SEED) -> Pairs:
+    """`count` random corpus pairs and `count` SNLI entailment pairs, the same for every run."""
+    from .tasks import SNLI, read_snli
+
+    documents = documents if documents is not None else corpus_documents()
+    rng = random.Random(seed)
+    random_pairs = [tuple(rng.sample(documents, 2)) for _ in range(count)]
+    train = read_snli().train
+    entailment = SNLI.labels.index("entailment")
+    similar = [(a, b) for a, b, label in zip(train.text, train.text_pair, train.labels) if label == entailment]
+    return Pairs(random_pairs, rng.sample(similar, min(count, len(similar))))
+
+
+def cls_vectors(encoder, tokenizer_dir: Path, texts: list[str], max_length: int, batch_size: int = 64):
+    """The last layer's [CLS] vector of each text encoded alone: (N, H) float tensor."""
+    import torch
+
+    from .tasks import SNLI, Split, Task, encode_task
+
+    # encode_task gives the fine-tuning format ([CLS] text [SEP], cut to max_length): one way to tokenize.
+    task = Task(SNLI, Split(list(texts), None, [0] * len(texts), "represent"), {})
+    split = encode_task(task, tokenizer_dir, max_length).train
+    pad = encoder.cfg.pad_token_id
+    vectors = []
+    encoder.eval()
+    with torch.no_grad():
+        for start in range(0, len(split), batch_size):
+            rows = [split.ids[split.offsets[i]:split.offsets[i + 1]] for i in range(start, min(start + batch_size,
+                                                                                           len(split)))]
+            ids = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)  # (B, T)
+            for i, r in enumerate(rows):
+                ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+            vectors.append(encoder(ids, ids != pad)[:, 0])  # (B, H)
+    return torch.cat(vectors)
+
+
+def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = 64):
+    """One row per pair: kind (random | similar) and the cosine of the two [CLS] vectors."""
+    import pandas as pd
+    import torch
+
+    from model.classifier import load_encoder
+
+    torch.manual_seed(SEED)
+    encoder = load_encoder(encoder_dir)
+    frames = []
+    for kind, chosen in (("random", pairs.random), ("similar", pairs.similar)):
+        if not chosen:
+            continue
+        left = cls_vectors(encoder, encoder_dir, [a for a, _ in chosen], max_length)
+        right = cls_vectors(encoder, encoder_dir, [b for _, b in chosen], max_length)
+        cosine = torch.nn.functional.cosine_similarity(left, right, dim=-1)  # (N,)
+        frames.append(pd.DataFrame({"kind": kind, "cosine": cosine.numpy().astype(float)}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def summary(cosines) -> dict[str, float]:
+    random_mean = float(cosines.loc[cosines["kind"] == "random", "cosine"].mean())
+    similar_mean = float(cosines.loc[cosines["kind"] == "similar", "cosine"].mean())
+    return dict(zip(METRICS, (random_mean, similar_mean, similar_mean - random_mean)))
+
+
+def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
+    """Download the run's encoder, compute the cosines, log metrics, CSV and figure on the run."""
+    from analysis.report import representation_figure
+
+    run = client.get_run(run_id)
+    label = f"{run.data.tags.get('variant', run.info.run_name)} ({run.data.tags.get('preset', '?')})"
+    with tempfile.TemporaryDirectory(prefix="cocolm-represent-") as tmp:
+        encoder_dir = Path(client.download_artifacts(run_id, "encoder", tmp))
+        cosines = pair_cosines(encoder_dir, pairs, max_length)
+        for key, value in summary(cosines).items():
+            client.log_metric(run_id, key, value)
+        client.log_text(run_id, cosines.to_csv(index=False), "represent/cosines.csv")
+        figure = representation_figure({label: cosines}, Path(tmp) / "fig1_cls_cosine.png")
+        client.log_artifact(run_id, str(figure), "represent")
+    values = summary(cosines)
+    print(f"{label} run {run_id}: mean cosine random {values[METRICS[0]]:.3f}, similar {values[METRICS[1]]:.3f}, "
+          f"gap {values[METRICS[2]]:.3f}", flush=True)
+    return label, cosines
+
+
+def run(run_ids: list[str] | None = None, experiment: str | None = None, tracking_uri: str | None = None,
+        pairs: int = 500, max_length: int = 64, out: str | Path | None = None) -> dict:
+    """Analyse the given runs (or the newest run per variant of `experiment`); returns label -> cosines."""
+    set_hermetic_env()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
+    from mlflow.tracking import MlflowClient
+
+    from analysis.report import representation_figure
+    from analysis.runs import experiment_ids, latest_per_variant, pretraining_runs
+
+    from . import tracking
+
+    tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    client = MlflowClient(tracking_uri)
+    if not run_ids:
+        runs = latest_per_variant(pretraining_runs(client, experiment_ids(client, experiment)))
+        run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
+        if not run_ids:
+            raise ValueError(f"no finished pretraining run in experiment {experiment!r} of {tracking_uri}")
+    chosen = draw_pairs(pairs)
+    results = dict(analyse_run(client, run_id, chosen, max_length) for run_id in run_ids)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        print(f"wrote {representation_figure(results, Path(out) / 'fig1_cls_cosine.png')}")
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--from", dest="runs", help="pretraining MLflow run id(s), comma separated")
+    which.add_argument("--experiment", help="every variant's newest finished pretraining run of this experiment")
+    parser.add_argument("--pairs", type=int, default=500, help="random pairs and similar pairs, each")
+    parser.add_argument("--max-length", type=int, default=64, help="tokens per text, [CLS] and [SEP] included")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
+    parser.add_argument("--out", help="also write the side-by-side figure here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    run_ids = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
+    return run(run_ids, args.experiment, args.tracking_uri, args.pairs, args.max_length, args.out)
+
+
+if __name__ == "__main__":
+    main()
