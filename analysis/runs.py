@@ -1,8 +1,7 @@
 """Tracked runs -> pandas: pretraining runs, fine-tuning sweep parents, metric histories. No torch.
 
 The tags read here are written by the jobs (jobs/pretrain.py, jobs/sweep.py, jobs/represent.py); their
-names are repeated as constants because those modules import torch or ray; of jobs/ only the torch-free
-jobs.tracking is used by analysis/.
+names come from jobs.tracking, the one torch-free module of jobs/ that analysis/ imports.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-KIND_TAG = "kind"  # pretraining | finetuning-sweep | finetuning-trial | analysis
-PRETRAINING_TAG = "cocolm.pretraining_run"  # jobs.sweep.PRETRAINING_TAG: the sweep parent's pretraining run
+from jobs.tracking import KIND_TAG, PRETRAINING_TAG
+
 BEST_METRIC = re.compile(r"^best/(?P<task>.+)/median$")  # jobs.sweep._log_tables: the best point's median per task
 REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
 REPRESENT_ARTIFACT = "represent/cosines.csv"  # jobs.represent: one row per pair (kind, cosine)

@@ -87,7 +87,7 @@ def run(opts: AblationOptions) -> AblationResult:
 
 def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, grid: str, seeds: tuple[int, ...]) -> str:
     """The id of a finished sweep parent of `pretraining_run` with these tasks, grid and seeds, or ""."""
-    from .sweep import PRETRAINING_TAG
+    from .tracking import PRETRAINING_TAG
 
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -112,9 +112,7 @@ def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: st
     result = run_sweep(SweepOptions(
         source=pretraining_run, tasks=opts.tasks, grid=opts.grid, seeds=opts.seeds, tracking_uri=tracking_uri,
         max_train=opts.max_train, max_dev=opts.max_dev, experiment=opts.experiment_name,
-        name=f"sweep-{variant}-{grid}-{opts.tasks}"[:200]))
-    client.set_tag(result.run_id, "variant", variant)  # the compare view's variant column for sweeps too
-    client.set_tag(result.run_id, "preset", opts.preset)
+        name=f"sweep-{variant}-{grid}-{opts.tasks}"[:200]))  # its parent takes preset/variant from the pretraining run
     return result.run_id, "FINISHED"
 
 

@@ -68,6 +68,19 @@ def load(
     return TrainState(**json.loads((directory / "state.json").read_text()))
 
 
+def load_pretrained(directory: Path) -> tuple[torch.nn.Module, dict]:
+    """The PretrainingObjective of a checkpoint, rebuilt from its config.yaml, weights loaded (eval needs no RNG),
+    and that resolved config as a dict."""
+    import yaml
+
+    from model import ModelConfig, ObjectiveConfig, build_pretraining_model
+
+    resolved = yaml.safe_load((Path(directory) / "config.yaml").read_text())
+    model = build_pretraining_model(ModelConfig(**resolved["model"]), ObjectiveConfig(**resolved["objective"]))
+    load(Path(directory), model, restore_rng=False)
+    return model, resolved
+
+
 def load_auxiliary(directory: Path, aux: torch.nn.Module) -> None:
     """converged_aux: the auxiliary of a finished run, with the embeddings it was trained with.
 

@@ -140,16 +140,10 @@ def _exported(directory: Path, source: str, pretraining_run: str = "", preset: s
 
 def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
     """The main encoder of a pretraining checkpoint: the model rebuilt from its config.yaml, model.pt loaded."""
-    import yaml
-
-    from model import ModelConfig, ObjectiveConfig, build_pretraining_model
-
     from . import checkpoint
 
     directory = Path(directory)
-    resolved = yaml.safe_load((directory / "config.yaml").read_text())
-    model = build_pretraining_model(ModelConfig(**resolved["model"]), ObjectiveConfig(**resolved["objective"]))
-    checkpoint.load(directory, model, restore_rng=False)
+    model, resolved = checkpoint.load_pretrained(directory)
     if not (directory / "tokenizer" / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
     return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),

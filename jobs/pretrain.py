@@ -68,9 +68,9 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:
-    from tokenizers import Tokenizer
+    from .stream import load_tokenizer
 
-    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).get_vocab_size()
+    return load_tokenizer(tokenizer_dir).get_vocab_size()
 
 
 def _log_config(client, run_id: str, cfg) -> None:
@@ -121,7 +121,6 @@ def _finish(client, run_id: str, cfg, stream, checkpoint_path: str) -> None:
     """Skipped-record counts, the exported encoder and the tokenizer as artifacts, the checkpoint as a tag."""
     import ray.train
 
-    from model import build_pretraining_model
     from model.export import export_encoder
 
     from . import checkpoint
@@ -132,9 +131,8 @@ def _finish(client, run_id: str, cfg, stream, checkpoint_path: str) -> None:
     counts = {"corpus_documents": summary.documents, **{f"skipped_{k}": v for k, v in summary.skipped.items()}}
     for key, value in counts.items():
         client.log_metric(run_id, key, value)
-    model = build_pretraining_model(cfg.model, cfg.objective)
     with ray.train.Checkpoint(checkpoint_path).as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
-        checkpoint.load(Path(directory), model, restore_rng=False)
+        model, _ = checkpoint.load_pretrained(Path(directory))
         export_encoder(model.main, Path(tmp) / "encoder", tokenizer_dir=stream.tokenizer_dir)
         client.log_artifacts(run_id, str(Path(tmp) / "encoder"), "encoder")
     client.log_artifacts(run_id, str(stream.tokenizer_dir), "tokenizer")

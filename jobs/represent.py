@@ -27,7 +27,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from .env import set_hermetic_env
 
@@ -66,24 +65,20 @@ def draw_pairs(count: int, documents: list[str] | None = None, seed: int = SEED)
 
 def cls_vectors(encoder, tokenizer_dir: Path, texts: list[str], max_length: int, batch_size: int = 64):
     """The last layer's [CLS] vector of each text encoded alone: (N, H) float tensor."""
+    import numpy as np
     import torch
 
+    from .finetune import batches
     from .tasks import SNLI, Split, Task, encode_task
 
-    # encode_task gives the fine-tuning format ([CLS] text [SEP], cut to max_length): one way to tokenize.
+    # The fine-tuning format and batching ([CLS] text [SEP], cut to max_length): one way to tokenize and pad.
     task = Task(SNLI, Split(list(texts), None, [0] * len(texts), "represent"), {})
     split = encode_task(task, tokenizer_dir, max_length).train
     pad = encoder.cfg.pad_token_id
-    vectors = []
     encoder.eval()
     with torch.no_grad():
-        for start in range(0, len(split), batch_size):
-            rows = [split.ids[split.offsets[i]:split.offsets[i + 1]] for i in range(start, min(start + batch_size,
-                                                                                           len(split)))]
-            ids = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)  # (B, T)
-            for i, r in enumerate(rows):
-                ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-            vectors.append(encoder(ids, ids != pad)[:, 0])  # (B, H)
+        vectors = [encoder(ids, ids != pad)[:, 0]  # (B, H)
+                   for ids, _ in batches(split, np.arange(len(split)), batch_size, pad)]
     return torch.cat(vectors)
 
 
@@ -122,12 +117,12 @@ def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
     with tempfile.TemporaryDirectory(prefix="cocolm-represent-") as tmp:
         encoder_dir = Path(client.download_artifacts(run_id, "encoder", tmp))
         cosines = pair_cosines(encoder_dir, pairs, max_length)
-        for key, value in summary(cosines).items():
+        values = summary(cosines)
+        for key, value in values.items():
             client.log_metric(run_id, key, value)
         client.log_text(run_id, cosines.to_csv(index=False), "represent/cosines.csv")
         figure = representation_figure({label: cosines}, Path(tmp) / "fig1_cls_cosine.png")
         client.log_artifact(run_id, str(figure), "represent")
-    values = summary(cosines)
     print(f"{label} run {run_id}: mean cosine random {values[METRICS[0]]:.3f}, similar {values[METRICS[1]]:.3f}, "
           f"gap {values[METRICS[2]]:.3f}", flush=True)
     return label, cosines

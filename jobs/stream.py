@@ -168,11 +168,15 @@ def corrupt(
 
 
 def pretraining_batches(
-    source: ray.data.Dataset | ray.data.DataIterator, cfg: DataConfig, epoch: int, drop_last: bool = False
+    source: ray.data.Dataset | ray.data.DataIterator, cfg: DataConfig, epoch: int, drop_last: bool = False,
+    skip: int = 0,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """One epoch of corrupted batches from the whole stream or from a worker's shard."""
-    for batch in source.iter_batches(batch_size=cfg.batch_size, batch_format="numpy", drop_last=drop_last):
-        yield corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction)
+    """One epoch of corrupted batches from the whole stream or from a worker's shard. The first `skip`
+    batches (consumed before a resume) are read past without being corrupted."""
+    batches = source.iter_batches(batch_size=cfg.batch_size, batch_format="numpy", drop_last=drop_last)
+    for index, batch in enumerate(batches):
+        if index >= skip:
+            yield corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction)
 
 
 def _corrupt_numpy(batch: dict[str, np.ndarray], epoch: int, seed: int, mask_rate: float, crop_fraction: float):

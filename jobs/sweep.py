@@ -32,11 +32,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from analysis.medians import GRID_COLUMNS
+
 from .env import init_ray, set_hermetic_env
+from . import tracking
+from .tracking import PRETRAINING_TAG
 
 GRIDS = Path(__file__).resolve().parents[1] / "platform" / "grids"
-GRID_KEYS = ("lr", "batch_size", "epochs", "warmup")  # analysis.medians.GRID_COLUMNS, in a Ray-free spot
-PRETRAINING_TAG = "cocolm.pretraining_run"
 TRIAL_TAG = "cocolm.trial"
 
 
@@ -201,8 +203,6 @@ def _mlflow_callback(tracking_uri: str, experiment_id: str, parent_run_id: str, 
     from mlflow.tracking import MlflowClient
     from ray import tune
 
-    from . import tracking
-
     class MlflowTrials(tune.Callback):
         def __init__(self) -> None:
             self.client = MlflowClient(tracking_uri)
@@ -286,8 +286,6 @@ def run(opts: SweepOptions) -> SweepResult:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
     from mlflow.tracking import MlflowClient
 
-    from . import tracking
-
     grid = load_grid(opts.grid)
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
@@ -299,7 +297,7 @@ def run(opts: SweepOptions) -> SweepResult:
     parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{'-'.join(plan.encoded)}"[:200],
                                tags={"kind": "finetuning-sweep", PRETRAINING_TAG: plan.pretraining_run,
                                      "git_commit": tracking.git_commit(),
-                                     "mlflow.note.content": _note(client, plan.pretraining_run, opts.source)})
+                                     **_from_pretraining_run(client, plan.pretraining_run, opts.source)})
     run_id = parent.info.run_id
     with tracking.ending_run(client, run_id):
         tracking.log_params(client, run_id, plan.params)
@@ -387,14 +385,19 @@ def _run_of_checkpoint(client, source: str) -> str:
     return runs[0].info.run_id if runs else ""
 
 
-def _note(client, pretraining_run: str, source: str) -> str:
+def _from_pretraining_run(client, pretraining_run: str, source: str) -> dict[str, str]:
+    """Parent-run tags from the pretraining run: a note linking to it, and its study tags (preset, variant)
+    so that sweeps line up with their pretraining runs in the UI's compare view."""
+    note = "mlflow.note.content"
     if not pretraining_run:
-        return f"Fine-tuning sweep of `{source}` (no pretraining run in this store)."
+        return {note: f"Fine-tuning sweep of `{source}` (no pretraining run in this store)."}
     try:
-        experiment = client.get_run(pretraining_run).info.experiment_id
-        return f"Fine-tuning sweep of pretraining run [{pretraining_run}](#/experiments/{experiment}/runs/{pretraining_run})."
+        run = client.get_run(pretraining_run)
     except Exception:  # the run lives in another store: name it, link nothing
-        return f"Fine-tuning sweep of pretraining run {pretraining_run}."
+        return {note: f"Fine-tuning sweep of pretraining run {pretraining_run}."}
+    link = f"[{pretraining_run}](#/experiments/{run.info.experiment_id}/runs/{pretraining_run})"
+    study = {k: run.data.tags[k] for k in tracking.STUDY_TAGS if k in run.data.tags}
+    return {note: f"Fine-tuning sweep of pretraining run {link}.", **study}
 
 
 def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None) -> dict[str, float]:
@@ -410,8 +413,6 @@ def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str
     init_ray()
     import ray
     from ray import tune
-
-    from . import tracking
 
     storage = opts.storage or tracking.default_storage()
     resources = trial_resources(opts.cpus_per_trial, opts.gpus_per_trial)
@@ -463,7 +464,7 @@ def trial_records(results, encoded) -> list[dict[str, Any]]:
         point = config["point"]
         spec = encoded[point["task"]].spec
         for i, split in enumerate(spec.dev_splits):
-            row = {"task": spec.target(split), **{k: point[k] for k in GRID_KEYS}, "seed": config["seed"],
+            row = {"task": spec.target(split), **{k: point[k] for k in GRID_COLUMNS}, "seed": config["seed"],
                    "trial": trial_name(config), "metric": spec.score, "status": "ok" if ok else "failed",
                    "score": metrics.get(f"best.{split}.score", math.nan) if ok else math.nan}
             for name in spec.metrics:
@@ -479,7 +480,7 @@ def trial_records(results, encoded) -> list[dict[str, Any]]:
 def _tabulate(results, encoded, seeds) -> _Tables:
     import pandas as pd
 
-    from analysis.medians import GRID_COLUMNS, best_points, summarize, task_table, to_markdown
+    from analysis.medians import best_points, summarize, task_table, to_markdown
 
     trials = pd.DataFrame(trial_records(results, encoded))
     fixed = {"task", *GRID_COLUMNS, "seed", "trial", "metric", "status", "score"}

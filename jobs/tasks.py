@@ -657,10 +657,9 @@ class EncodedTask:
 
 def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
     """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]` (SPEC section 6), longest side cut first to max_length."""
-    from tokenizers import Tokenizer
+    from .stream import load_tokenizer  # the stream's loader: a literal "[SEP]" in the text stays text
 
-    tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    tokenizer.encode_special_tokens = True  # a literal "[SEP]" in the text stays text
+    tokenizer = load_tokenizer(tokenizer_dir)
     special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
     if None in special.values():
         raise ValueError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")

@@ -19,6 +19,9 @@ from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
 RUN_KEY_TAG = "cocolm.run_key"  # the Ray run name: the same command re-run finds its MLflow run by it
+KIND_TAG = "kind"  # pretraining | finetuning-sweep | finetuning-trial | analysis
+PRETRAINING_TAG = "cocolm.pretraining_run"  # on a sweep parent: the pretraining run it fine-tunes
+STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
 
 
 def home() -> Path:

@@ -203,21 +203,20 @@ def train_loop_per_worker(config: dict) -> None:
     shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
     gpus = world_size * (1 if device.type == "cuda" else 0)
+    no_sync = getattr(wrapped, "no_sync", None)  # DDP only: skip the all-reduce on accumulation micro-batches
 
     while state.step < cfg.train.max_steps:
-        skip = state.batches_in_epoch  # resume mid-epoch: pass over what the checkpoint already consumed
-        for index, batch in enumerate(pretraining_batches(shard, cfg.data, state.epoch, drop_last=True)):
-            if index < skip:
-                continue
+        # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
+        batches = pretraining_batches(shard, cfg.data, state.epoch, drop_last=True, skip=state.batches_in_epoch)
+        for batch in batches:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             micro += 1
             sync = micro % accumulation == 0
-            no_sync = getattr(wrapped, "no_sync", None)
             with (contextlib.nullcontext() if sync or no_sync is None else no_sync()), autocast:
                 out = wrapped(batch)
                 (out.loss / accumulation).backward()
             interval.add(out.values())
-            state.batches_in_epoch = index + 1
+            state.batches_in_epoch += 1
             if not sync:
                 continue
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)

@@ -31,7 +31,10 @@ def lm_log_probs(
     stop_gradient: bool = True,
 ) -> torch.Tensor:
     """log p_LM(v) for every v, (N, V):
-    p_LM(v) = 1[v == x_mlm] * sg(p_copy(1|h)) + sg(p_copy(0|h)) * softmax(lm_logits)[v], in log space."""
+    p_LM(v) = 1[v == x_mlm] * sg(p_copy(1|h)) + sg(p_copy(0|h)) * softmax(lm_logits)[v], in log space.
+
+    The whole distribution, for analysis and as the reference `lm_predictions` is tested against; the
+    training step itself needs only the target's entry (`lm_loss`) and the argmax (`lm_predictions`)."""
     log_softmax = torch.log_softmax(lm_logits.float(), dim=-1)
     if not copy_mixture:  # clm_no_copy: a plain softmax
         return log_softmax
@@ -39,6 +42,29 @@ def lm_log_probs(
     generate = F.logsigmoid(-c)[:, None] + log_softmax  # log p_copy(0) + log softmax(v)
     copy = torch.full_like(generate, float("-inf")).scatter(1, corrupted[:, None], F.logsigmoid(c)[:, None])
     return torch.logaddexp(generate, copy)
+
+
+@torch.no_grad()
+def lm_predictions(
+    lm_logits: torch.Tensor,  # (N, V)
+    copy_logits: torch.Tensor,  # (N,)
+    corrupted: torch.Tensor,  # (N,) x_mlm
+    copy_mixture: bool = True,
+) -> torch.Tensor:
+    """argmax_v p_LM(v), (N,), without building the (N, V) mixture of `lm_log_probs`.
+
+    The copy branch only lifts x_mlm, so the mixture's argmax is either the softmax's argmax or x_mlm:
+    x_mlm wins when p_copy(1) + p_copy(0) softmax[x_mlm] >= p_copy(0) max softmax.
+    """
+    top = lm_logits.argmax(-1)
+    if not copy_mixture:
+        return top
+    logits, c = lm_logits.float(), copy_logits.float()
+    log_norm = torch.logsumexp(logits, dim=-1)  # (N,)
+    log_generate = F.logsigmoid(-c)
+    top_score = log_generate + logits.gather(1, top[:, None]).squeeze(1) - log_norm
+    copy_score = torch.logaddexp(F.logsigmoid(c), log_generate + logits.gather(1, corrupted[:, None]).squeeze(1) - log_norm)
+    return torch.where(copy_score >= top_score, corrupted, top)
 
 
 def lm_loss(

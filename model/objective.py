@@ -169,7 +169,7 @@ class PretrainingObjective(nn.Module):
             out.lm_loss = losses.lm_loss(*args, x_orig[where], cfg.lm_copy_mixture, cfg.lm_stop_gradient)
             clm = clm + cfg.lm_weight * out.lm_loss
             with torch.no_grad():
-                correct = losses.lm_log_probs(*args, cfg.lm_copy_mixture).argmax(-1) == x_orig[where]
+                correct = losses.lm_predictions(*args, cfg.lm_copy_mixture) == x_orig[where]
                 out.lm_accuracy_replaced = _mean(correct[~is_original[where]])
                 out.lm_accuracy_original = _mean(correct[is_original[where]])
         out.clm_loss = clm

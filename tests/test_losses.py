@@ -68,6 +68,18 @@ def test_lm_log_probs_is_the_mixture_distribution():
     torch.testing.assert_close(probs.sum(-1), torch.ones(n, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("copy_mixture", [True, False])
+def test_lm_predictions_are_the_argmax_of_the_mixture(copy_mixture):
+    torch.manual_seed(7)
+    n, v = 400, 7
+    lm_logits, copy_logits = 2 * torch.randn(n, v), 2 * torch.randn(n)
+    corrupted = torch.randint(0, v, (n,))
+    expected = losses.lm_log_probs(lm_logits, copy_logits, corrupted, copy_mixture).argmax(-1)
+    ours = losses.lm_predictions(lm_logits, copy_logits, corrupted, copy_mixture)
+    assert torch.equal(ours, expected)
+    assert copy_mixture is False or (ours == corrupted).any() and (ours != corrupted).any()  # both branches seen
+
+
 def test_lm_loss_gives_the_copy_head_exactly_zero_gradient():
     torch.manual_seed(3)
     lm_logits = torch.randn(8, 5, requires_grad=True)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 import torch
 
 from jobs.corpus import clean_text, read_documents, shipped_corpus, skip_summary
@@ -142,6 +143,15 @@ def test_two_passes_of_the_ray_stream_give_the_same_batches(stream):
     first = by_block(0)
     assert by_block(0) == first
     assert by_block(1) != first
+
+
+def test_skip_resumes_an_epoch_after_the_consumed_batches(ray_local):
+    blocks = ray.data.from_items([{"input_ids": np.full(8, 10 + i, dtype=np.int32)} for i in range(10)])
+    cfg = DataConfig(seq_len=8, batch_size=2)
+    whole = [b["input_ids"] for b in pretraining_batches(blocks, cfg, epoch=0)]
+    resumed = list(pretraining_batches(blocks, cfg, epoch=0, skip=3))
+    assert len(whole) == 5 and len(resumed) == 2
+    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(whole[3:], resumed))
 
 
 # ---------------------------------------------------------------- splitting for Ray Train
