@@ -42,6 +42,11 @@ def tiny_overrides(tokenizer_dir: Path, *extra: str) -> list[str]:
     return [f"data.tokenizer_dir={tokenizer_dir}", "train.warmup_steps=5", "train.log_every=5", *extra]
 
 
+def tiny(tokenizer_dir: Path, *extra: str):
+    """The tiny cocolm config of the Ray tests: the shared test tokenizer, short warm-up, a log line every 5 steps."""
+    return resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, *extra))
+
+
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
@@ -185,8 +190,7 @@ def test_converged_aux_needs_a_checkpoint():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_worker_pretraining_lowers_the_loss_and_logs_every_signal(ray_local, tokenizer_dir, home):
-    cfg = resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, "train.max_steps=40", "cluster.workers=2",
-                                                   "train.checkpoint_every=20"))
+    cfg = tiny(tokenizer_dir, "train.max_steps=40", "cluster.workers=2", "train.checkpoint_every=20")
     result = run(cfg)
     client = MlflowClient(result.tracking_uri)
     mlflow_run = client.get_run(result.run_id)
@@ -241,8 +245,7 @@ def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home):
-    cfg = resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5",
-                                                   "train.fail_once_at_step=12"))
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fail_once_at_step=12")
     result = run(cfg)
     assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
     assert (home / "ray_results" / result.run_name / "injected_failure").exists()
@@ -253,8 +256,8 @@ def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_lo
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_local, tokenizer_dir, home):
-    cfg = resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=1",
-                                                   "train.peak_lr=.inf", "train.warmup_steps=1"))
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=1", "train.peak_lr=.inf",
+               "train.warmup_steps=1")
     with pytest.raises(RuntimeError, match="non-finite loss or gradient at step 2.*checkpoint_step_00000001"):
         run(cfg)
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
