@@ -18,9 +18,12 @@ def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def copy_loss(copy_logits: torch.Tensor, is_original: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """L_copy: BCE with target 1 where x_mlm == x_orig, 0 where replaced, mean over real positions. (B, T) -> ()"""
-    logits = copy_logits[attention_mask].float()  # (N_real,)
-    return F.binary_cross_entropy_with_logits(logits, is_original[attention_mask].float())
+    """L_copy: BCE with target 1 where x_mlm == x_orig, 0 where replaced, mean over real positions. (B, T) -> ()
+
+    Weighted by the mask rather than selected with it: selecting would make the host wait for the device."""
+    per_position = F.binary_cross_entropy_with_logits(copy_logits.float(), is_original.float(), reduction="none")
+    real = attention_mask.float()
+    return (per_position * real).sum() / real.sum()
 
 
 def lm_log_probs(
@@ -117,7 +120,7 @@ def scl_logits(
     local = torch.arange(n, device=a.device) + offset
     self_index = torch.cat([local, local + m])
     positive = torch.cat([local + m, local])  # a_i's partner is b_i and vice versa
-    logits = logits.index_put((torch.arange(2 * n, device=a.device), self_index), torch.tensor(float("-inf"), device=a.device))
+    logits = logits.index_put((torch.arange(2 * n, device=a.device), self_index), logits.new_full((), float("-inf")))
     return logits, positive
 
 
@@ -132,7 +135,8 @@ def scl_cosines(s_a: torch.Tensor, s_b: torch.Tensor) -> tuple[torch.Tensor, tor
     z = F.normalize(torch.cat([s_a, s_b]).float(), dim=-1)  # (2n, H)
     n = s_a.shape[0]
     cos = z @ z.T  # (2n, 2n)
-    positive = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    positive = torch.arange(2 * n, device=z.device).roll(n)  # i's partner is i + n (mod 2n)
     is_negative = ~torch.eye(2 * n, dtype=torch.bool, device=z.device)
     is_negative[torch.arange(2 * n, device=z.device), positive] = False
-    return cos.gather(1, positive[:, None]).mean(), cos[is_negative].mean()
+    # A sum over the mask, not cos[is_negative]: selecting would make the host wait for the device.
+    return cos.gather(1, positive[:, None]).mean(), (cos * is_negative).sum() / is_negative.sum()

@@ -28,15 +28,37 @@ class AuxiliaryModel(nn.Module):
         self.encoder = encoder
         self.mlm_head = MLMHead(encoder.cfg.hidden_size, encoder.embeddings.tokens, encoder.cfg.layer_norm_eps)
 
-    def forward(self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """MLM logits at the masked positions only: (N_masked, V)."""
+    def forward(self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """MLM logits at the masked positions only, given as `masked_index(mask_positions)`: (N, V)."""
         h = self.encoder(masked_ids, attention_mask)  # (B, T, H_aux)
-        return self.mlm_head(h[positions])
+        return self.mlm_head(take(h, index))
+
+
+def masked_index(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the True entries of a (B, T) mask, in the row-major order boolean indexing uses. (N,)
+
+    Selecting with a boolean mask makes the host wait for the device (the result's size is data),
+    and a step selects the masked positions a dozen times. The step computes this index once, its
+    only such wait, and every selection after it is a gather (`take`) that the host need not wait for.
+    """
+    return mask.flatten().nonzero().squeeze(1)
+
+
+def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows of x (B, T, ...) at flat indices from `masked_index`: (N, ...). Equals x[mask]."""
+    return x.flatten(0, 1).index_select(0, index)
 
 
 def _mean(values: torch.Tensor) -> torch.Tensor:
     """Mean of a possibly empty selection: NaN when empty, so an absent signal is never read as 0."""
     return values.float().mean() if values.numel() else values.new_tensor(float("nan"), dtype=torch.float32)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where `mask` (NaN where it is all False, as `_mean` of an empty selection),
+    by sums rather than selection: no host wait."""
+    mask = mask.float()
+    return (values.float() * mask).sum() / mask.sum()
 
 
 @dataclass
@@ -104,34 +126,37 @@ class PretrainingObjective(nn.Module):
         if self.cfg.replacement == "none":
             return self._roberta_mlm(batch)
         out = PretrainingOutput(loss=torch.zeros((), device=batch["input_ids"].device))
-        corrupted = self._corrupt(batch, out, generator)  # x_mlm, (B, T)
+        index = masked_index(batch["mask_positions"])  # M as flat indices: the step's one host wait
+        corrupted = self._corrupt(batch, index, out, generator)  # x_mlm, (B, T)
         h = self.main(corrupted, batch["attention_mask"])  # (B, T, H)
-        self._clm(batch, corrupted, h, out)
+        self._clm(batch, index, corrupted, h, out)
         if self.scl_head is not None:
             self._scl(batch, h, out)
         return out
 
     def _corrupt(
-        self, batch: dict[str, torch.Tensor], out: PretrainingOutput, generator: torch.Generator | None
+        self, batch: dict[str, torch.Tensor], index: torch.Tensor, out: PretrainingOutput,
+        generator: torch.Generator | None,
     ) -> torch.Tensor:
         """x_mlm: the masked positions filled with auxiliary samples (or uniform tokens); adds L_aux_MLM."""
-        x_orig, positions = batch["input_ids"], batch["mask_positions"]
-        targets = x_orig[positions]  # (N,)
+        x_orig = batch["input_ids"]
+        targets = take(x_orig, index)  # (N,)
         if self.cfg.replacement == "random":
             drawn = random_replacements(targets.numel(), self.main.cfg.vocab_size, x_orig.device, generator)
         else:
-            drawn = self._aux_samples(batch, targets, out, generator)
+            drawn = self._aux_samples(batch, index, targets, out, generator)
         out.replaced_fraction = _mean(drawn != targets)
-        return x_orig.masked_scatter(positions, drawn)
+        return x_orig.flatten().index_copy(0, index, drawn).view_as(x_orig)
 
     def _aux_samples(
         self,
         batch: dict[str, torch.Tensor],
+        index: torch.Tensor,
         targets: torch.Tensor,
         out: PretrainingOutput,
         generator: torch.Generator | None,
     ) -> torch.Tensor:
-        inputs = (batch["masked_ids"], batch["attention_mask"], batch["mask_positions"])
+        inputs = (batch["masked_ids"], batch["attention_mask"], index)
         train_logits = None
         if not self.cfg.freeze_aux:
             train_logits = self.aux(*inputs)  # (N, V), dropout on
@@ -148,7 +173,10 @@ class PretrainingObjective(nn.Module):
             out.aux_mlm_accuracy = _mean(sample_logits.argmax(-1) == targets)
             return sample_replacements(sample_logits, generator)
 
-    def _clm(self, batch: dict[str, torch.Tensor], corrupted: torch.Tensor, h: torch.Tensor, out: PretrainingOutput) -> None:
+    def _clm(
+        self, batch: dict[str, torch.Tensor], index: torch.Tensor, corrupted: torch.Tensor, h: torch.Tensor,
+        out: PretrainingOutput,
+    ) -> None:
         """Copy loss on every real position and the LM loss at M (or everywhere for all_token_lm)."""
         cfg, real = self.cfg, batch["attention_mask"]
         x_orig = batch["input_ids"]
@@ -160,18 +188,20 @@ class PretrainingObjective(nn.Module):
             clm = clm + cfg.copy_weight * out.copy_loss
         with torch.no_grad():
             predicted_original = copy_logits > 0
-            out.copy_accuracy_replaced = _mean(~predicted_original[real & ~is_original])
-            out.copy_accuracy_original = _mean(predicted_original[real & is_original])
+            out.copy_accuracy_replaced = _masked_mean(~predicted_original, real & ~is_original)
+            out.copy_accuracy_original = _masked_mean(predicted_original, real & is_original)
         if self.clm_head is not None:
-            where = real if cfg.lm_all_tokens else batch["mask_positions"]
-            lm_logits = self.clm_head(h[where])  # (N, V): vocabulary projection only where the LM loss is
-            args = (lm_logits, copy_logits[where], corrupted[where])
-            out.lm_loss = losses.lm_loss(*args, x_orig[where], cfg.lm_copy_mixture, cfg.lm_stop_gradient)
+            where = masked_index(real) if cfg.lm_all_tokens else index
+            lm_logits = self.clm_head(take(h, where))  # (N, V): vocabulary projection only where the LM loss is
+            args = (lm_logits, take(copy_logits, where), take(corrupted, where))
+            targets = take(x_orig, where)
+            out.lm_loss = losses.lm_loss(*args, targets, cfg.lm_copy_mixture, cfg.lm_stop_gradient)
             clm = clm + cfg.lm_weight * out.lm_loss
             with torch.no_grad():
-                correct = losses.lm_predictions(*args, cfg.lm_copy_mixture) == x_orig[where]
-                out.lm_accuracy_replaced = _mean(correct[~is_original[where]])
-                out.lm_accuracy_original = _mean(correct[is_original[where]])
+                correct = losses.lm_predictions(*args, cfg.lm_copy_mixture) == targets
+                original_there = take(is_original, where)
+                out.lm_accuracy_replaced = _masked_mean(correct, ~original_there)
+                out.lm_accuracy_original = _masked_mean(correct, original_there)
         out.clm_loss = clm
         out.loss = out.loss + clm
 
@@ -187,9 +217,10 @@ class PretrainingObjective(nn.Module):
 
     def _roberta_mlm(self, batch: dict[str, torch.Tensor]) -> PretrainingOutput:
         """Baseline: the main encoder reads the [MASK]ed input and is trained by plain MLM."""
-        positions, targets = batch["mask_positions"], batch["input_ids"][batch["mask_positions"]]
+        index = masked_index(batch["mask_positions"])
+        targets = take(batch["input_ids"], index)
         h = self.main(batch["masked_ids"], batch["attention_mask"])
-        logits = self.mlm_head(h[positions])  # (N, V)
+        logits = self.mlm_head(take(h, index))  # (N, V)
         loss = losses.mlm_loss(logits, targets)
         with torch.no_grad():
             accuracy = _mean(logits.argmax(-1) == targets)

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import VARIANTS, ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size
 from model.corruption import SpecialTokens
+from model.objective import masked_index, take
 
 TINY = model_size("tiny", vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, max_positions=64)
 
@@ -134,3 +136,41 @@ def test_every_variant_overfits_a_fixed_batch(name):
     first, last = sum(history[:5]) / 5, sum(history[-5:]) / 5
     assert all(torch.isfinite(torch.tensor(history)))
     assert last < 0.8 * first, f"{name}: {first:.3f} -> {last:.3f}"
+
+
+def test_take_at_the_masked_index_equals_boolean_selection():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(4, 7, generator=g) < 0.4
+    for x in (torch.randn(4, 7, generator=g), torch.randn(4, 7, 3, generator=g)):
+        assert torch.equal(take(x, masked_index(mask)), x[mask])
+    empty = masked_index(torch.zeros(4, 7, dtype=torch.bool))
+    assert take(torch.randn(4, 7, 3), empty).shape == (0, 3)
+
+
+class HostWaits(TorchDispatchMode):
+    """Records the operators that make the host wait for the device on a GPU: those whose result size
+    or value the host must read (nonzero, boolean selection, masked scatter, .item())."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        indices = args[1] if func in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+                                      torch.ops.aten.index_put_.default) else []
+        boolean_index = any(i is not None and i.dtype == torch.bool for i in indices)
+        if boolean_index or func in (torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
+                                     torch.ops.aten.masked_scatter.default, torch.ops.aten._local_scalar_dense.default):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_training_step_makes_the_host_wait_once(name):
+    """One `masked_index` per step (two for all_token_lm, which also selects every real position):
+    each wait stalls a GPU until the host has queued its next kernels."""
+    model = build(name)
+    batch = fixed_batch(crop_fraction=VARIANTS[name].data.get("crop_fraction", 0.9))
+    with HostWaits() as waits:
+        model(batch).loss.backward()
+    assert waits.seen == ["aten.nonzero.default"] * (2 if name == "all_token_lm" else 1)
