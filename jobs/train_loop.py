@@ -22,6 +22,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from model import PretrainingObjective, build_pretraining_model
+from model.encoder import compile_encoders
 from model.flops import device_peak_flops, step_flops
 
 from . import checkpoint
@@ -195,6 +196,10 @@ def train_loop_per_worker(config: dict) -> None:
             state = checkpoint.load(Path(directory), model, optimizer, scheduler)
         if rank == 0:
             say(f"resumed from {resumed.path} at step {state.step}")
+    if cfg.train.compile:
+        compiled = compile_encoders(model)  # in place, before DDP wraps the objective: checkpoints keep their keys
+        if rank == 0:
+            say(f"torch.compile: {len(compiled)} Transformer layers, compiled on their first batches")
     wrapped = ray.train.torch.prepare_model(model)  # to device; DDP when world_size > 1
     optimizer_to(optimizer, device)
     accumulation = accumulation_steps(cfg, world_size)

@@ -3,24 +3,26 @@ with --peer, a transformers model doing the same job on the same batch, in the s
 
     python -m model.bench --preset tiny|small|base|base++|large++ --seq-len L --batch B --steps N
         [--variant NAME] [--attention auto|sdpa|flex|reference] [--attention-dropout P] [--compile]
-        [--peer hf-electra|hf-roberta]
+        [--peer hf-electra|hf-roberta|all] [--profile]
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
 device's dense bf16 peak; with --peer the peer's numbers and the ratios ours/peer of tokens/s and
-of MFU. FLOPs come from `model.flops` (its docstring states the formula; the peers are counted by
-the same rules). Runs with plain torch (transformers only for --peer): no Ray, no MLflow.
+of MFU; with --peer all, --variant against hf-electra and roberta_mlm against hf-roberta, then one
+table of all four and, at base / T=512 on a GPU, the issue's targets marked met or NOT met.
+--profile adds torch.profiler's costliest operators (CUDA kernels on a GPU) of each side.
+FLOPs come from `model.flops` (its docstring states the formula; the peers are counted by the
+same rules). Runs with plain torch (transformers only for --peer): no Ray, no MLflow.
 
 The GPU measurement of issue #7 on an H100. First check the compiled flex kernels against the
-reference attention, forward and backward (a few minutes, mostly compilation):
+reference attention, forward and backward, and a compiled step against the eager one (a few
+minutes, mostly compilation; needs only torch, transformers and pytest):
 
-    python -m pytest -q -m gpu tests/test_flex_attention.py
+    python -m pytest -q -m gpu tests/test_flex_attention.py tests/test_compile.py
 
-then measure, in one command (each run compiles both sides first, a minute or two):
+then measure, in one command (each side compiles first, a minute or two; about 8 minutes in all):
 
     python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile \
-        --attention-dropout 0 --peer hf-electra && \
-    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile \
-        --attention-dropout 0 --variant roberta_mlm --peer hf-roberta
+        --attention-dropout 0 --peer all --profile
 
 Targets (not tests): >= 45% MFU for the COCO-LM step, >= 1.3x the ELECTRA peer's MFU.
 
@@ -28,8 +30,9 @@ Targets (not tests): >= 45% MFU for the COCO-LM step, >= 1.3x the ELECTRA peer's
 dropout, so 'auto' uses it only while none is active (see `model.attention`); the paper's 0.1 runs
 SDPA with the materialised bias. The peers get the same dropout settings. Drop the flag to measure
 the paper's setting. Both sides run under bf16 autocast on CUDA with fused AdamW; --compile compiles
-the encoders of both sides (the step around them, with its data-dependent gathers and sampling,
-stays eager).
+the encoder layers of both sides (`model.encoder.compile_encoders`: the step around them, with its
+data-dependent gathers and sampling, stays eager; it makes the host wait for the device once, at
+`model.objective.masked_index`, and the peers' glue selects positions the same way).
 
 What each side computes per step (ours follows the variant; see `model.objective`):
   cocolm       auxiliary MLM (train pass + no-grad dropout-free sampling pass), main encoder on x_mlm
@@ -57,10 +60,10 @@ from torch import nn
 from .attention import ATTENTION_CHOICES, resolve_attention
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
-from .encoder import Encoder
+from .encoder import Encoder, compile_encoders
 from .flops import device_peak_flops, electra_peer_step_flops, roberta_peer_step_flops, step_flops
 from .losses import mlm_loss
-from .objective import build_pretraining_model
+from .objective import build_pretraining_model, masked_index, take
 from .variants import variant
 
 PEERS = ("hf-electra", "hf-roberta")
@@ -75,6 +78,7 @@ class BenchResult:
     peak_memory_bytes: int
     flops_per_step: float
     mfu: float | None  # None where the device's peak is unknown (CPUs)
+    profile: str = ""  # torch.profiler's table of the costliest operators (with --profile)
 
     @property
     def achieved_flops(self) -> float:
@@ -148,13 +152,6 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _compile(modules: Iterable[nn.Module]) -> None:
-    # Module.compile compiles each module's forward in place: state_dict keys stay what checkpoints save
-    # (no `_orig_mod.` prefix). Static shapes: the bench sees a fixed block and crop length.
-    for module in modules:
-        module.compile(dynamic=False)
-
-
 def training_step(
     loss: Callable[[], torch.Tensor], parameters: Iterable[nn.Parameter], device: torch.device
 ) -> Callable[[], None]:
@@ -175,10 +172,12 @@ def training_step(
 
 
 def time_step(
-    step: Callable[[], None], flops_per_step: float, tokens_per_step: int, steps: int, warmup: int, device: torch.device
+    step: Callable[[], None], flops_per_step: float, tokens_per_step: int, steps: int, warmup: int,
+    device: torch.device, profile: bool = False,
 ) -> BenchResult:
     """Times `step` (the same loop for ours and the peers): `warmup` untimed calls (compilation
-    happens there), then the mean over `steps` calls between device syncs."""
+    happens there), then the mean over `steps` calls between device syncs; with `profile`, three
+    more steps under torch.profiler, after the timing so they do not disturb it."""
     for _ in range(warmup):
         step()
     _sync(device)
@@ -196,34 +195,50 @@ def time_step(
         peak_memory_bytes=_peak_memory(device),
         flops_per_step=flops_per_step,
         mfu=flops_per_step / step_seconds / peak if peak else None,
+        profile=profile_table(step, device) if profile else "",
     )
+
+
+def profile_table(step: Callable[[], None], device: torch.device, steps: int = 3, rows: int = 25) -> str:
+    """Where a step's time goes: the operators (kernels on CUDA) with the most self time over `steps`
+    steps, so a run below target shows what to tune without another session on the machine."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return profiler.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
 
 
 def run(
     preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, attention: str = "auto", compile: bool = False,
-    attention_dropout: float | None = None,
+    attention_dropout: float | None = None, profile: bool = False,
 ) -> BenchResult:
     """Our training step for a preset and variant."""
     dev = _device(device)
     model_cfg, objective_cfg, crop_fraction = bench_config(preset, variant_name, attention_dropout)
     resolve_attention(attention, dev, dropout_active=model_cfg.attention_dropout > 0)  # fail before building
     model = build_pretraining_model(model_cfg, objective_cfg).to(dev).train()
-    encoders = [module for module in model.modules() if isinstance(module, Encoder)]
-    for encoder in encoders:
+    for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         encoder.set_attention(attention)
     if compile:
-        _compile(encoders)
+        compile_encoders(model)
     data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
     step = training_step(lambda: model(data).loss, model.parameters(), dev)
     flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
-    return time_step(step, flops, batch * seq_len, steps, warmup, dev)
+    return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
 
 
 class ElectraPeer(nn.Module):
     """transformers' ELECTRA pretraining step. The generator's MLM head runs at the masked positions
     only, as ELECTRA's own code does (ElectraForMaskedLM.forward would project all T positions);
-    replacements are sampled from its train-mode logits (detached), as ELECTRA does."""
+    replacements are sampled from its train-mode logits (detached), as ELECTRA does. Positions are
+    selected the way ours are (`masked_index` once, then gathers), so the comparison is of the models,
+    not of how often the glue code makes the host wait."""
 
     def __init__(self, generator: nn.Module, discriminator: nn.Module):
         super().__init__()
@@ -234,16 +249,17 @@ class ElectraPeer(nn.Module):
         generator.electra.embeddings = discriminator.electra.embeddings
         generator.generator_lm_head.weight = discriminator.electra.embeddings.word_embeddings.weight
 
-    def encoders(self) -> list[nn.Module]:
-        return [self.generator.electra, self.discriminator.electra]
+    def layers(self) -> list[nn.Module]:
+        return [*self.generator.electra.encoder.layer, *self.discriminator.electra.encoder.layer]
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        x_orig, positions, real = batch["input_ids"], batch["mask_positions"], batch["attention_mask"].long()
-        targets = x_orig[positions]  # (N,)
+        x_orig, real = batch["input_ids"], batch["attention_mask"].long()
+        index = masked_index(batch["mask_positions"])
+        targets = take(x_orig, index)  # (N,)
         h = self.generator.electra(batch["masked_ids"], attention_mask=real).last_hidden_state  # (B, T, H_gen)
-        logits = self.generator.generator_lm_head(self.generator.generator_predictions(h[positions]))  # (N, V)
+        logits = self.generator.generator_lm_head(self.generator.generator_predictions(take(h, index)))  # (N, V)
         with torch.no_grad():
-            corrupted = x_orig.masked_scatter(positions, sample_replacements(logits))  # (B, T)
+            corrupted = x_orig.flatten().index_copy(0, index, sample_replacements(logits)).view_as(x_orig)
         replaced = (corrupted != x_orig).long()  # ELECTRA's label: 1 = replaced
         rtd = self.discriminator(corrupted, attention_mask=real, labels=replaced).loss
         return mlm_loss(logits, targets) + RTD_WEIGHT * rtd
@@ -251,20 +267,20 @@ class ElectraPeer(nn.Module):
 
 class RobertaPeer(nn.Module):
     """transformers' RoBERTa MLM step, LM head at the masked positions only (as fairseq's RoBERTa does;
-    RobertaForMaskedLM.forward would project all T positions)."""
+    RobertaForMaskedLM.forward would project all T positions), selected as ours are."""
 
     def __init__(self, mlm: nn.Module):
         super().__init__()
         self.mlm = mlm  # RobertaForMaskedLM
 
-    def encoders(self) -> list[nn.Module]:
-        return [self.mlm.roberta]
+    def layers(self) -> list[nn.Module]:
+        return list(self.mlm.roberta.encoder.layer)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        positions = batch["mask_positions"]
+        index = masked_index(batch["mask_positions"])
         h = self.mlm.roberta(batch["masked_ids"], attention_mask=batch["attention_mask"].long()).last_hidden_state
-        logits = self.mlm.lm_head(h[positions])  # (N, V)
-        return mlm_loss(logits, batch["input_ids"][positions])
+        logits = self.mlm.lm_head(take(h, index))  # (N, V)
+        return mlm_loss(logits, take(batch["input_ids"], index))
 
 
 def _hf_dims(cfg: EncoderConfig) -> dict:
@@ -308,23 +324,53 @@ def peer_step_flops(name: str, model_cfg: ModelConfig, seq_len: int, batch: int,
 def run_peer(
     peer: str, preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, compile: bool = False,
-    attention_dropout: float | None = None,
+    attention_dropout: float | None = None, profile: bool = False,
 ) -> BenchResult:
     """The peer's training step on the batch `run` uses for the same arguments (same seed)."""
     dev = _device(device)
     model_cfg, _, crop_fraction = bench_config(preset, variant_name, attention_dropout)
     model = build_peer(peer, model_cfg).to(dev).train()
     if compile:
-        _compile(model.encoders())
+        for layer in model.layers():  # per layer, as `compile_encoders` does for ours
+            layer.compile(dynamic=False)
     data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
     step = training_step(lambda: model(data), model.parameters(), dev)
-    return time_step(step, peer_step_flops(peer, model_cfg, seq_len, batch), batch * seq_len, steps, warmup, dev)
+    flops = peer_step_flops(peer, model_cfg, seq_len, batch)
+    return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
 
 
 def _attention_line(choice: str, device: torch.device, attention_dropout: float) -> str:
     train = resolve_attention(choice, device, dropout_active=attention_dropout > 0)
     sampling = resolve_attention(choice, device, dropout_active=False)
     return f"attention         {train} in training passes, {sampling} in no-grad eval passes (choice: {choice})"
+
+
+# What `--peer all` measures: each peer with our like-for-like step (ELECTRA against --variant).
+PEER_VARIANTS = {"hf-electra": None, "hf-roberta": "roberta_mlm"}
+# Issue #7's goals at base, T=512, bf16 on an H100 (printed as met or not, never asserted).
+TARGET_MFU, TARGET_ELECTRA_RATIO = 0.45, 1.3
+
+
+def summary(rows: list[tuple[str, BenchResult]]) -> str:
+    """One table of every side measured in this process."""
+    lines = [f"{'side':<24} {'tokens/s':>12} {'step ms':>9} {'peak MiB':>9} {'TFLOP/s':>8} {'MFU':>6}"]
+    for label, r in rows:
+        mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
+        lines.append(f"{label:<24} {r.tokens_per_second:>12,.0f} {1000 * r.step_seconds:>9.1f} "
+                     f"{r.peak_memory_bytes / 2**20:>9,.0f} {r.achieved_flops / 1e12:>8.2f} {mfu:>6}")
+    return "\n".join(lines)
+
+
+def targets(ours: BenchResult, electra: BenchResult) -> str:
+    """The two goals, met or not, for a COCO-LM step measured next to the ELECTRA peer."""
+    ratio = ours.achieved_flops / electra.achieved_flops
+    mfu = "n/a (no known bf16 peak)" if ours.mfu is None else (
+        f"{100 * ours.mfu:.1f}% ({'met' if ours.mfu >= TARGET_MFU else 'NOT met'})")
+    return "\n".join([
+        f"target COCO-LM step MFU >= {100 * TARGET_MFU:.0f}%: {mfu}",
+        f"target MFU ours/hf-electra >= {TARGET_ELECTRA_RATIO}x: {ratio:.2f}x "
+        f"({'met' if ratio >= TARGET_ELECTRA_RATIO else 'NOT met'})",
+    ])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,28 +387,52 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attention-dropout", type=float, default=None,
                         help="override the preset's attention dropout (0 enables flex in training), "
                         "for the peer too")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the encoders (ours and the peer's)")
-    parser.add_argument("--peer", default=None, choices=PEERS, help="also time a transformers peer on the same batch")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the encoder layers (ours and the peer's)")
+    parser.add_argument("--peer", default=None, choices=(*PEERS, "all"),
+                        help="also time a transformers peer on the same batch; all: --variant against "
+                        "hf-electra, then roberta_mlm against hf-roberta, with a summary and the targets")
+    parser.add_argument("--profile", action="store_true",
+                        help="print torch.profiler's costliest operators of each side after its timing")
     args = parser.parse_args(argv)
-    shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch, steps=args.steps, warmup=args.warmup,
-                  variant_name=args.variant, device=args.device, compile=args.compile,
-                  attention_dropout=args.attention_dropout)
     dev = _device(args.device)
     model_cfg = bench_config(args.preset, args.variant, args.attention_dropout)[0]
     if args.attention == "flex" and model_cfg.attention_dropout > 0:
         parser.error("--attention flex needs --attention-dropout 0: FlexAttention has no attention dropout")
-    print(f"training step: preset={args.preset} variant={args.variant} seq_len={args.seq_len} batch={args.batch} "
-          f"compile={args.compile} attention_dropout={model_cfg.attention_dropout}")
-    ours = run(attention=args.attention, **shared)
-    print(f"ours ({args.variant})")
-    print(ours.report())
-    print(_attention_line(args.attention, dev, model_cfg.attention_dropout))
-    if args.peer is not None:
+    peers = list(PEER_VARIANTS) if args.peer == "all" else [args.peer]
+    print(f"training step: preset={args.preset} seq_len={args.seq_len} batch={args.batch} compile={args.compile} "
+          f"attention_dropout={model_cfg.attention_dropout} torch={torch.__version__}")
+    rows: list[tuple[str, BenchResult]] = []
+    for peer_name in peers:
+        variant_name = PEER_VARIANTS.get(peer_name) or args.variant
+        shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch, steps=args.steps,
+                      warmup=args.warmup, variant_name=variant_name, device=args.device, compile=args.compile,
+                      attention_dropout=args.attention_dropout, profile=args.profile)
+        ours = run(attention=args.attention, **shared)
+        _print_side(f"ours ({variant_name})", ours)
+        print(_attention_line(args.attention, dev, model_cfg.attention_dropout))
+        rows.append((f"ours {variant_name}", ours))
         _free(dev)
-        peer = run_peer(args.peer, **shared)
-        print(f"peer {args.peer} (transformers, attn_implementation=sdpa)")
-        print(peer.report())
-        print(compare(ours, peer))
+        if peer_name is not None:
+            peer = run_peer(peer_name, **shared)
+            _print_side(f"peer {peer_name} (transformers, attn_implementation=sdpa)", peer)
+            print(compare(ours, peer))
+            rows.append((f"peer {peer_name}", peer))
+            _free(dev)
+    if len(rows) > 2:
+        print(summary(rows))
+    measured = dict(rows)
+    if "ours cocolm" in measured and "peer hf-electra" in measured:
+        if (args.preset, args.seq_len, dev.type) == ("base", 512, "cuda"):
+            print(targets(measured["ours cocolm"], measured["peer hf-electra"]))
+        else:
+            print("(the targets are set for --preset base --seq-len 512 on a GPU; not judged here)")
+
+
+def _print_side(title: str, result: BenchResult) -> None:
+    print(title)
+    print(result.report())
+    if result.profile:
+        print(result.profile)
 
 
 if __name__ == "__main__":

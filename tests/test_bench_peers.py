@@ -6,8 +6,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from model.bench import _compile, bench_config, build_peer, main, peer_step_flops, random_batch
-from model.encoder import Encoder
+from model.bench import bench_config, build_peer, main, peer_step_flops, random_batch
 from model.flops import step_flops
 from model.objective import build_pretraining_model
 
@@ -78,12 +77,3 @@ def test_our_flop_count_matches_torchs_count(variant):
     count = step_flops(model_cfg, objective_cfg, seq_len, batch, mask_rate=mask_rate, crop_fraction=crop_fraction)
     # step_flops leaves out SCL's (2B x 2B) similarity matmuls, which grow with the batch, not the tokens.
     assert count == pytest.approx(counted, rel=1e-4 if objective_cfg.use_scl else 1e-9)
-
-
-def test_compile_keeps_checkpoint_keys():
-    """bench --compile compiles each encoder in place: the state dict has no `_orig_mod.` prefixes."""
-    model_cfg, objective_cfg, _ = bench_config("tiny", "cocolm")
-    model = build_pretraining_model(model_cfg, objective_cfg)
-    keys = list(model.state_dict())
-    _compile(m for m in model.modules() if isinstance(m, Encoder))
-    assert list(model.state_dict()) == keys

@@ -8,13 +8,14 @@ kernels (compiled Triton, with the bias gradient scattered by atomics) are check
 
 import pytest
 import torch
+import torch._dynamo
 import torch.nn.attention.flex_attention as flex_module
 
 from model import ModelConfig
 from model.attention import (
     RelativePositionBias, attention_bias, flex_bias, flex_relative_attention, reference_attention, resolve_attention,
 )
-from model.encoder import Encoder
+from model.encoder import Encoder, compile_encoders
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -115,18 +116,23 @@ def test_encoder_flex_path_equals_reference_path(flex_backward_on_cpu, relative_
 
 
 def test_compiled_encoder_traces_the_flex_path_and_keeps_its_state_dict_keys(flex_backward_on_cpu):
-    """What `bench --compile` does to each encoder, with a backend that needs no C++ toolchain.
+    """What `bench --compile` and `train.compile` do to each encoder, with a backend that needs no C++ toolchain.
     Forward only: a compiled flex graph on CPU does not save what the backward needs."""
     enc = small_encoder(attention_dropout=0.0).eval()
     reference = small_encoder(attention_dropout=0.0).eval()
     reference.set_attention("reference")
     keys = list(enc.state_dict())
     enc.set_attention("flex")
-    enc.compile(backend="aot_eager", dynamic=False)
+    compile_encoders(enc, backend="aot_eager")
     assert list(enc.state_dict()) == keys  # no `_orig_mod.` prefix for checkpoints
     ids, mask = padded_ids()
     with torch.no_grad():
         torch.testing.assert_close(enc(ids, mask)[mask], reference(ids, mask)[mask], atol=1e-5, rtol=1e-5)
+        # A new padding pattern is a new BlockMask and score_mod closure, not a new graph: a recompile
+        # per batch would exhaust dynamo's limit and fall back to eager flex, silently slow.
+        ids[0, 100:], mask[0, 100:] = 0, False
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            torch.testing.assert_close(enc(ids, mask)[mask], reference(ids, mask)[mask], atol=1e-5, rtol=1e-5)
 
 
 def test_auto_picks_flex_only_on_cuda_without_active_attention_dropout():
@@ -192,7 +198,7 @@ def test_encoder_flex_matches_sdpa_on_cuda_under_autocast(compiled):
     ids, mask = (t.cuda() for t in padded_ids())
     assert resolve_attention(enc.attention_implementation, ids.device, dropout_active=False) == "flex"
     if compiled:
-        enc.compile(dynamic=False)
+        compile_encoders(enc)
     params = list(enc.parameters())
     results = {}
     for implementation in ("flex", "sdpa"):

@@ -190,7 +190,9 @@ def test_converged_aux_needs_a_checkpoint():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_worker_pretraining_lowers_the_loss_and_logs_every_signal(ray_local, tokenizer_dir, home):
-    cfg = tiny(tokenizer_dir, "train.max_steps=40", "cluster.workers=2", "train.checkpoint_every=20")
+    # Compiled encoders (inductor, as on GPU workers) inside DDP; checkpoints and export must not notice.
+    cfg = tiny(tokenizer_dir, "train.max_steps=40", "cluster.workers=2", "train.checkpoint_every=20",
+               "train.compile=true")
     result = run(cfg)
     client = MlflowClient(result.tracking_uri)
     mlflow_run = client.get_run(result.run_id)
@@ -200,6 +202,7 @@ def test_two_worker_pretraining_lowers_the_loss_and_logs_every_signal(ray_local,
     assert loss[-1][1] < 0.8 * loss[0][1], loss
     assert set(PAPER_SIGNALS) <= set(mlflow_run.data.metrics), set(PAPER_SIGNALS) - set(mlflow_run.data.metrics)
     assert mlflow_run.data.params["cluster.workers"] == "2" and mlflow_run.data.params["objective.copy_weight"] == "50.0"
+    assert mlflow_run.data.params["train.compile"] == "True"
     assert {"preset", "variant", "git_commit"} <= set(mlflow_run.data.tags)
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"config.yaml", "encoder", "tokenizer"} <= artifacts
