@@ -6,7 +6,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from model.bench import bench_config, build_peer, main, peer_step_flops, random_batch
+from model.bench import BenchResult, bench_config, build_peer, main, peer_step_flops, random_batch, targets
 from model.flops import step_flops
 from model.objective import build_pretraining_model
 
@@ -77,3 +77,25 @@ def test_our_flop_count_matches_torchs_count(variant):
     count = step_flops(model_cfg, objective_cfg, seq_len, batch, mask_rate=mask_rate, crop_fraction=crop_fraction)
     # step_flops leaves out SCL's (2B x 2B) similarity matmuls, which grow with the batch, not the tokens.
     assert count == pytest.approx(counted, rel=1e-4 if objective_cfg.use_scl else 1e-9)
+
+
+def test_peer_all_measures_both_pairs_and_prints_one_table(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    main(["--preset", "tiny", "--seq-len", "32", "--batch", "2", "--steps", "1", "--warmup", "1",
+          "--peer", "all", "--device", "cpu", "--profile"])
+    out = capsys.readouterr().out
+    table = out[out.index("side "):].splitlines()
+    assert [row.split()[:2] for row in table[1:5]] == [
+        ["ours", "cocolm"], ["peer", "hf-electra"], ["ours", "roberta_mlm"], ["peer", "hf-roberta"]]
+    assert out.count("Self CPU time total") == 4  # --profile: one operator table per side
+    assert "not judged here" in table[-1]  # the targets are for base, T=512 on a GPU
+
+
+def test_targets_are_judged_against_the_issue_goals():
+    def result(flops_per_second: float, mfu: float | None) -> BenchResult:
+        return BenchResult("NVIDIA H100 80GB HBM3", 1.0, 1.0, 0, flops_per_second, mfu)
+
+    met = targets(result(4.6e14, 0.46), result(3.0e14, 0.30)).splitlines()
+    assert met == ["target COCO-LM step MFU >= 45%: 46.0% (met)", "target MFU ours/hf-electra >= 1.3x: 1.53x (met)"]
+    missed = targets(result(4.0e14, 0.40), result(3.2e14, 0.32))
+    assert "40.0% (NOT met)" in missed and "1.25x (NOT met)" in missed
