@@ -43,8 +43,8 @@ class TrainConfig:
     adam_eps: float = 1e-6
     clip_norm: float = 2.0
     bf16: bool = True  # autocast on GPU; CPU runs fp32
-    compile: bool = True  # torch.compile the encoders (model.encoder.compile_encoders); the tiny preset
-    #                       turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
+    compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
+    #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
     seed: int = 0
     log_every: int = 100
     checkpoint_every: int = 1000
