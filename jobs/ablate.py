@@ -2,20 +2,22 @@
 
     python -m jobs.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
         [--tasks snli|glue|rte,mrpc] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
-        [--tracking-uri URI] [--storage URI] [--experiment NAME]
+        [--represent-pairs 500] [--tracking-uri URI] [--storage URI] [--experiment NAME]
 
 Variants are pretrained one after the other (`jobs.pretrain.run`): each pretraining run already takes
 the workers its preset asks for, so on a small machine two at once would only contend, and on a
 cluster Ray Train schedules each run's workers anyway. With `--tasks`, each finished pretraining run
-is swept (`jobs.sweep.run`; default: no fine-tuning) right after it. Every run goes into one
+is swept (`jobs.sweep.run`; default: no fine-tuning) right after it, and each is given the
+representation analysis of `jobs.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every run goes into one
 experiment (default `ablation-<preset>`) and carries its `variant` tag, so the MLflow UI's runs table
 and compare view line the variants up; `python -m analysis.report --experiment ablation-<preset>`
 writes the Table 3 style table and the figures.
 
 Re-running the same command skips what finished: a pretraining run with the same resolved config is
 reported ALREADY_FINISHED by `jobs.pretrain`, and a sweep is skipped when the experiment holds a
-finished sweep parent of that pretraining run with the same tasks, grid and seeds. An unfinished
-pretraining run resumes from its last checkpoint.
+finished sweep parent of that pretraining run with the same tasks, grid and seeds, and a run that
+holds the representation metrics is not analysed again. An unfinished pretraining run resumes
+from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class AblationOptions:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     max_train: int | None = None
     max_dev: int | None = None
+    represent_pairs: int = 500  # random and similar pairs each for jobs.represent; 0 skips it
     tracking_uri: str | None = None
     storage: str | None = None
     experiment: str | None = None  # default ablation-<preset>
@@ -52,6 +55,7 @@ class VariantResult:
     pretraining_status: str  # FINISHED | ALREADY_FINISHED
     sweep_run: str = ""  # "" when no tasks
     sweep_status: str = ""  # FINISHED | ALREADY_FINISHED | ""
+    represent_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def run(opts: AblationOptions) -> AblationResult:
     set_hermetic_env()
     from mlflow.tracking import MlflowClient
 
-    from . import pretrain, tracking
+    from . import pretrain, represent, tracking
     from .config import resolve
 
     configs = {v: resolve(opts.preset, v, list(opts.overrides)) for v in opts.variants}  # unknown names fail here
@@ -74,13 +78,15 @@ def run(opts: AblationOptions) -> AblationResult:
     tracking.check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)
     tracking.experiment_id(client, opts.experiment_name, tracking_uri)  # the driver creates the store first
+    pairs = represent.draw_pairs(opts.represent_pairs) if opts.represent_pairs > 0 else None  # the same for every run
     results = []
     for i, (variant, cfg) in enumerate(configs.items(), 1):
         print(f"\n=== ablation {opts.experiment_name}: variant {i}/{len(configs)} {variant} ===", flush=True)
         done = pretrain.run(cfg, tracking_uri, opts.storage, experiment=opts.experiment_name)
+        represent_status = _represent(client, done.run_id, pairs)
         sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, done.run_id,
                                                                          variant)
-        results.append(VariantResult(variant, done.run_id, done.status, sweep_run, sweep_status))
+        results.append(VariantResult(variant, done.run_id, done.status, sweep_run, sweep_status, represent_status))
     print(_summary(opts, tracking_uri, results))
     return AblationResult(opts.experiment_name, tracking_uri, results)
 
@@ -98,6 +104,19 @@ def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, gr
                        f"and attributes.status = 'FINISHED' and params.tasks = '{tasks}' and params.grid = '{grid}' "
                        f"and params.seeds = '{','.join(map(str, seeds))}'"))
     return runs[0].info.run_id if runs else ""
+
+
+def _represent(client, pretraining_run: str, pairs) -> str:
+    """jobs.represent's analysis of a pretraining run, unless skipped (no pairs) or already logged there."""
+    from . import represent
+
+    if pairs is None:
+        return ""
+    if represent.METRICS[-1] in client.get_run(pretraining_run).data.metrics:
+        print(f"representation analysis of {pretraining_run} already logged", flush=True)
+        return "ALREADY_FINISHED"
+    represent.analyse_run(client, pretraining_run, pairs, represent.MAX_LENGTH)
+    return "FINISHED"
 
 
 def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: str, variant: str) -> tuple[str, str]:
@@ -120,6 +139,7 @@ def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResu
     lines = [f"\nablation study {opts.experiment_name!r} ({len(results)} variants):"]
     for r in results:
         sweep = f"; sweep {r.sweep_run} {r.sweep_status}" if r.sweep_run else ""
+        sweep += f"; representation {r.represent_status}" if r.represent_status else ""
         lines.append(f"  {r.variant:<16} pretraining {r.pretraining_run} {r.pretraining_status}{sweep}")
     lines += [f"tables and figures: python -m analysis.report --experiment {opts.experiment_name} "
               f"--tracking-uri {tracking_uri} --out report-{opts.experiment_name}",
@@ -139,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="5", help="how many seeds, or a comma list")
     parser.add_argument("--max-train", type=int, help="train examples per task (default: the grid's)")
     parser.add_argument("--max-dev", type=int, help="dev examples per dev set (default: the grid's)")
+    parser.add_argument("--represent-pairs", type=int, default=500,
+                        help="pairs for the [CLS] cosine analysis of each run (jobs.represent); 0 skips it")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
     parser.add_argument("--storage", help="checkpoint storage (default: $COCOLM_HOME/ray_results)")
     parser.add_argument("--experiment", help="MLflow experiment (default: ablation-<preset>)")
@@ -155,7 +177,7 @@ def main(argv: list[str] | None = None) -> AblationResult:
     return run(AblationOptions(
         preset=args.preset, variants=variants, overrides=tuple(args.overrides), tasks=args.tasks, grid=args.grid,
         seeds=parse_seeds(args.seeds), max_train=args.max_train, max_dev=args.max_dev,
-        tracking_uri=args.tracking_uri, storage=args.storage, experiment=args.experiment))
+        represent_pairs=args.represent_pairs, tracking_uri=args.tracking_uri, storage=args.storage, experiment=args.experiment))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 from .env import set_hermetic_env
 
 SEED = 0
+MAX_LENGTH = 64  # tokens per text, [CLS] and [SEP] included
 METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
 
 
@@ -82,7 +83,7 @@ def cls_vectors(encoder, tokenizer_dir: Path, texts: list[str], max_length: int,
     return torch.cat(vectors)
 
 
-def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = 64):
+def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = MAX_LENGTH):
     """One row per pair: kind (random | similar) and the cosine of the two [CLS] vectors."""
     import pandas as pd
     import torch
@@ -129,7 +130,7 @@ def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
 
 
 def run(run_ids: list[str] | None = None, experiment: str | None = None, tracking_uri: str | None = None,
-        pairs: int = 500, max_length: int = 64, out: str | Path | None = None) -> dict:
+        pairs: int = 500, max_length: int = MAX_LENGTH, out: str | Path | None = None) -> dict:
     """Analyse the given runs (or the newest run per variant of `experiment`); returns label -> cosines."""
     set_hermetic_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
@@ -161,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     which.add_argument("--from", dest="runs", help="pretraining MLflow run id(s), comma separated")
     which.add_argument("--experiment", help="every variant's newest finished pretraining run of this experiment")
     parser.add_argument("--pairs", type=int, default=500, help="random pairs and similar pairs, each")
-    parser.add_argument("--max-length", type=int, default=64, help="tokens per text, [CLS] and [SEP] included")
+    parser.add_argument("--max-length", type=int, default=MAX_LENGTH, help="tokens per text, [CLS] and [SEP] included")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
     parser.add_argument("--out", help="also write the side-by-side figure here")
     return parser.parse_args(argv)

@@ -36,18 +36,21 @@ def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, to
     grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
                     "tasks: {default: t}\n")
     argv = ["--preset", "tiny", "--variants", "cocolm,rtd_only", "--tracking-uri", uri, "--tasks", "snli",
-            "--grid", str(grid), "--seeds", "1", "--max-train", "48", "--max-dev", "16",
+            "--grid", str(grid), "--seeds", "1", "--max-train", "48", "--max-dev", "16", "--represent-pairs", "20",
             "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", "train.max_steps=10",
             "--set", "train.warmup_steps=2", "--set", "train.log_every=5"]
     first = main(argv)
-    assert [(v.variant, v.pretraining_status, v.sweep_status) for v in first.variants] == [
-        ("cocolm", "FINISHED", "FINISHED"), ("rtd_only", "FINISHED", "FINISHED")]
+    assert [(v.variant, v.pretraining_status, v.sweep_status, v.represent_status) for v in first.variants] == [
+        ("cocolm", "FINISHED", "FINISHED", "FINISHED"), ("rtd_only", "FINISHED", "FINISHED", "FINISHED")]
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("ablation-tiny").experiment_id
     pretraining = client.search_runs([exp], filter_string="tags.kind = 'pretraining'")
     assert sorted(r.data.tags["variant"] for r in pretraining) == ["cocolm", "rtd_only"]
     assert all(r.info.status == "FINISHED" and r.data.tags["preset"] == "tiny" for r in pretraining)
+    for r in pretraining:  # jobs.represent ran on each (paper Fig. 1), so the report can draw it
+        assert {"represent/random_cosine_mean", "represent/cosine_gap"} <= set(r.data.metrics)
+        assert "represent/fig1_cls_cosine.png" in {a.path for a in client.list_artifacts(r.info.run_id, "represent")}
     sweeps = client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")
     by_variant = {r.data.tags["variant"]: r for r in sweeps}
     assert set(by_variant) == {"cocolm", "rtd_only"}
@@ -56,7 +59,8 @@ def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, to
     assert "best/SNLI/median" in by_variant["cocolm"].data.metrics
 
     second = main(argv)
-    assert [(v.pretraining_status, v.sweep_status) for v in second.variants] == [("ALREADY_FINISHED",) * 2] * 2
+    assert [(v.pretraining_status, v.sweep_status, v.represent_status) for v in second.variants] == [
+        ("ALREADY_FINISHED",) * 3] * 2
     assert [v.pretraining_run for v in second.variants] == [v.pretraining_run for v in first.variants]
     assert [v.sweep_run for v in second.variants] == [v.sweep_run for v in first.variants]
     assert len(client.search_runs([exp], filter_string="tags.kind = 'pretraining'")) == 2
