@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
 
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
+    check_compile_toolchain(cfg)
     storage = storage or tracking.default_storage()
     init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
     from .stream import build_stream
@@ -65,6 +68,16 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
         _finish(client, run_id, cfg, stream, checkpoint)
     print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint}\nopen the UI:   {tracking.ui_command(tracking_uri)}")
     return PretrainResult(run_id, run_name, checkpoint, tracking_uri, "FINISHED")
+
+
+def check_compile_toolchain(cfg) -> None:
+    """torch.compile on CPU workers (inductor) builds C++: without a compiler every worker would fail
+    deep inside its first step, so say so before anything starts. Checked on this machine, which is
+    the workers' machine on a local Ray; GPU workers (Triton) are not judged from the driver."""
+    compiler = os.environ.get("CXX", "g++")  # what inductor looks for on Linux
+    if cfg.train.compile and not cfg.cluster.gpus_per_worker and shutil.which(compiler) is None:
+        raise RuntimeError(f"train.compile=true on CPU workers needs a C++ compiler for torch.compile, and "
+                           f"{compiler!r} is not on PATH: install g++ (or set CXX), or --set train.compile=false")
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from jobs import checkpoint
 from jobs.checkpoint import TrainState
 from jobs.config import available_presets, available_variants, resolve, to_yaml, with_vocab_size
-from jobs.pretrain import main, run
+from jobs.pretrain import check_compile_toolchain, main, run
 from jobs.train_loop import build_training
 from model import VARIANTS
 from model.bench import random_batch
@@ -110,6 +110,14 @@ def test_unreachable_tracking_server_fails_before_compute(home):
     cfg = resolve("tiny")
     with pytest.raises(ConnectionError, match="127.0.0.1:9 is unreachable"):
         run(cfg, tracking_uri="http://127.0.0.1:9")
+
+
+def test_compiling_on_cpu_without_a_compiler_fails_before_compute(home, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++")
+    with pytest.raises(RuntimeError, match="'no-such-c\\+\\+' is not on PATH.*train.compile=false"):
+        run(resolve("tiny", "cocolm", ["train.compile=true"]))
+    run_on_gpus = resolve("tiny", "cocolm", ["train.compile=true", "cluster.gpus_per_worker=1"])
+    check_compile_toolchain(run_on_gpus)  # not judged here: the driver is not necessarily a GPU worker
 
 
 # ------------------------------------------------------------- plain PyTorch (no Ray)
