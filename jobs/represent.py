@@ -113,6 +113,7 @@ def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
     """Download the run's encoder, compute the cosines, log metrics, CSV and figure on the run."""
     from analysis.report import representation_figure
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
     run = client.get_run(run_id)
     label = f"{run.data.tags.get('variant', run.info.run_name)} ({run.data.tags.get('preset', '?')})"
     with tempfile.TemporaryDirectory(prefix="cocolm-represent-") as tmp:
@@ -133,7 +134,6 @@ def run(run_ids: list[str] | None = None, experiment: str | None = None, trackin
         pairs: int = 500, max_length: int = MAX_LENGTH, out: str | Path | None = None) -> dict:
     """Analyse the given runs (or the newest run per variant of `experiment`); returns label -> cosines."""
     set_hermetic_env()
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
     from mlflow.tracking import MlflowClient
 
     from analysis.report import representation_figure
