@@ -8,8 +8,8 @@ Variants are pretrained one after the other (`jobs.pretrain.run`): each pretrain
 the workers its preset asks for, so on a small machine two at once would only contend, and on a
 cluster Ray Train schedules each run's workers anyway. With `--tasks`, each finished pretraining run
 is swept (`jobs.sweep.run`; default: no fine-tuning) right after it, and each is given the
-representation analysis of `jobs.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every run goes into one
-experiment (default `ablation-<preset>`) and carries its `variant` tag, so the MLflow UI's runs table
+representation analysis of `jobs.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every
+run goes into one experiment (default `ablation-<preset>`) and carries its `variant` tag, so the MLflow UI's runs table
 and compare view line the variants up; `python -m analysis.report --experiment ablation-<preset>`
 writes the Table 3 style table and the figures.
 
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> AblationResult:
     return run(AblationOptions(
         preset=args.preset, variants=variants, overrides=tuple(args.overrides), tasks=args.tasks, grid=args.grid,
         seeds=parse_seeds(args.seeds), max_train=args.max_train, max_dev=args.max_dev,
-        represent_pairs=args.represent_pairs, tracking_uri=args.tracking_uri, storage=args.storage, experiment=args.experiment))
+        represent_pairs=args.represent_pairs, tracking_uri=args.tracking_uri, storage=args.storage,
+        experiment=args.experiment))
 
 
 if __name__ == "__main__":

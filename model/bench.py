@@ -19,7 +19,8 @@ minutes, mostly compilation; needs only torch, transformers and pytest):
 
     python -m pytest -q -m gpu tests/test_flex_attention.py tests/test_compile.py
 
-then measure, in one command (each side compiles first, a minute or two; about 8 minutes in all):
+then measure, in one command (each of the four sides compiles first; not yet timed on a GPU: if
+it outlasts a time limit, run `--peer hf-electra` and `--variant roberta_mlm --peer hf-roberta` apart):
 
     python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile \
         --attention-dropout 0 --peer all --profile

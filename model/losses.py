@@ -12,18 +12,22 @@ import torch.nn.functional as F
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
 
 
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where `mask` is True (NaN where it is all False), as sums: selecting with the
+    mask (values[mask]) would make the host wait for the device to learn the selection's size."""
+    mask = mask.float()
+    return (values.float() * mask).sum() / mask.sum()
+
+
 def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy at the masked positions. (N, V), (N,) -> ()"""
     return F.cross_entropy(logits.float(), targets)
 
 
 def copy_loss(copy_logits: torch.Tensor, is_original: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """L_copy: BCE with target 1 where x_mlm == x_orig, 0 where replaced, mean over real positions. (B, T) -> ()
-
-    Weighted by the mask rather than selected with it: selecting would make the host wait for the device."""
+    """L_copy: BCE with target 1 where x_mlm == x_orig, 0 where replaced, mean over real positions. (B, T) -> ()"""
     per_position = F.binary_cross_entropy_with_logits(copy_logits.float(), is_original.float(), reduction="none")
-    real = attention_mask.float()
-    return (per_position * real).sum() / real.sum()
+    return masked_mean(per_position, attention_mask)
 
 
 def lm_log_probs(
@@ -138,5 +142,4 @@ def scl_cosines(s_a: torch.Tensor, s_b: torch.Tensor) -> tuple[torch.Tensor, tor
     positive = torch.arange(2 * n, device=z.device).roll(n)  # i's partner is i + n (mod 2n)
     is_negative = ~torch.eye(2 * n, dtype=torch.bool, device=z.device)
     is_negative[torch.arange(2 * n, device=z.device), positive] = False
-    # A sum over the mask, not cos[is_negative]: selecting would make the host wait for the device.
-    return cos.gather(1, positive[:, None]).mean(), (cos * is_negative).sum() / is_negative.sum()
+    return cos.gather(1, positive[:, None]).mean(), masked_mean(cos, is_negative)

@@ -54,13 +54,6 @@ def _mean(values: torch.Tensor) -> torch.Tensor:
     return values.float().mean() if values.numel() else values.new_tensor(float("nan"), dtype=torch.float32)
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` (NaN where it is all False, as `_mean` of an empty selection),
-    by sums rather than selection: no host wait."""
-    mask = mask.float()
-    return (values.float() * mask).sum() / mask.sum()
-
-
 @dataclass
 class PretrainingOutput:
     """Total loss, every loss part (attached to the graph, so each one's gradient can be taken) and,
@@ -188,8 +181,8 @@ class PretrainingObjective(nn.Module):
             clm = clm + cfg.copy_weight * out.copy_loss
         with torch.no_grad():
             predicted_original = copy_logits > 0
-            out.copy_accuracy_replaced = _masked_mean(~predicted_original, real & ~is_original)
-            out.copy_accuracy_original = _masked_mean(predicted_original, real & is_original)
+            out.copy_accuracy_replaced = losses.masked_mean(~predicted_original, real & ~is_original)
+            out.copy_accuracy_original = losses.masked_mean(predicted_original, real & is_original)
         if self.clm_head is not None:
             where = masked_index(real) if cfg.lm_all_tokens else index
             lm_logits = self.clm_head(take(h, where))  # (N, V): vocabulary projection only where the LM loss is
@@ -200,8 +193,8 @@ class PretrainingObjective(nn.Module):
             with torch.no_grad():
                 correct = losses.lm_predictions(*args, cfg.lm_copy_mixture) == targets
                 original_there = take(is_original, where)
-                out.lm_accuracy_replaced = _masked_mean(correct, ~original_there)
-                out.lm_accuracy_original = _masked_mean(correct, original_there)
+                out.lm_accuracy_replaced = losses.masked_mean(correct, ~original_there)
+                out.lm_accuracy_original = losses.masked_mean(correct, original_there)
         out.clm_loss = clm
         out.loss = out.loss + clm
 
