@@ -9,9 +9,9 @@ the workers its preset asks for, so on a small machine two at once would only co
 cluster Ray Train schedules each run's workers anyway. With `--tasks`, each finished pretraining run
 is swept (`jobs.sweep.run`; default: no fine-tuning) right after it, and each is given the
 representation analysis of `jobs.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every
-run goes into one experiment (default `ablation-<preset>`) and carries its `variant` tag, so the MLflow UI's runs table
-and compare view line the variants up; `python -m analysis.report --experiment ablation-<preset>`
-writes the Table 3 style table and the figures.
+run goes into one experiment (default `ablation-<preset>`) and carries its `variant` tag, so the
+MLflow UI's runs table and compare view line the variants up; `python -m analysis.report
+--experiment ablation-<preset>` writes the Table 3 style table and the figures.
 
 Re-running the same command skips what finished: a pretraining run with the same resolved config is
 reported ALREADY_FINISHED by `jobs.pretrain`, and a sweep is skipped when the experiment holds a
