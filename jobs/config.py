@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
+from model.step import OptimizerConfig
 
 from .stream import DataConfig
 
@@ -52,6 +53,10 @@ class TrainConfig:
     max_failures: int = 3  # worker-group restarts from the last checkpoint before the run fails
     aux_checkpoint: str = ""  # converged_aux: checkpoint dir of a finished run to take the auxiliary from
     fail_once_at_step: int = 0  # fault injection: rank 0 dies once at this step (0 = never); used by tests
+
+    def optimizer(self) -> OptimizerConfig:
+        """The fields the shared training step (`model.step`) needs."""
+        return OptimizerConfig(**{f.name: getattr(self, f.name) for f in fields(OptimizerConfig)})
 
 
 @dataclass(frozen=True)

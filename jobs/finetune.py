@@ -27,9 +27,9 @@ import torch.nn.functional as F
 
 from model import Encoder, EncoderConfig
 from model.classifier import SequenceClassifier, load_encoder
+from model.step import param_groups, warmup_linear_decay
 
 from .tasks import EncodedSplit, EncodedTask, evaluate
-from .train_loop import param_groups, warmup_linear_decay
 
 EVAL_BATCH = 128
 

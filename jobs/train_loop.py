@@ -7,7 +7,6 @@ times). Rank 0 alone logs to MLflow and prints progress.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from model import PretrainingObjective, build_pretraining_model
 from model.encoder import compile_encoders
 from model.flops import device_peak_flops, step_flops
+from model.step import TrainingStep, build_optimizer
 
 from . import checkpoint
 from .checkpoint import TrainState
@@ -43,37 +43,15 @@ class LoopContext:
     failure_marker: str = ""  # file whose existence means the injected failure already happened
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weight matrices only: never on biases and LayerNorms (the 1-D parameters), nor on
-    the relative position bias table, which is a bias however it is stored."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "relative_bias" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def warmup_linear_decay(warmup: int, total: int):
-    """LR multiplier: linear warm-up to the peak over `warmup` steps, then linear decay to 0 at `total`."""
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total - step) / max(1, total - warmup))
-    return factor
-
-
-def build_training(cfg: PretrainConfig) -> tuple[PretrainingObjective, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def build_training(
+    cfg: PretrainConfig, device: torch.device = torch.device("cpu")
+) -> tuple[PretrainingObjective, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     model = build_pretraining_model(cfg.model, cfg.objective)
     if cfg.objective.freeze_aux:
         if not cfg.train.aux_checkpoint:
             raise ValueError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
         checkpoint.load_auxiliary(Path(cfg.train.aux_checkpoint), model.aux)
-    t = cfg.train
-    optimizer = torch.optim.AdamW(
-        param_groups(model, t.weight_decay), lr=t.peak_lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
-        fused=torch.cuda.is_available(),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(t.warmup_steps, t.max_steps))
+    optimizer, scheduler = build_optimizer(model, cfg.train.optimizer(), device)
     return model, optimizer, scheduler
 
 
@@ -188,14 +166,17 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.train.seed + rank)
     device = ray.train.torch.get_device()
 
-    model, optimizer, scheduler = build_training(cfg)
+    model, optimizer, scheduler = build_training(cfg, device)
     state = TrainState()
     resumed = ray.train.get_checkpoint()
     if resumed:
         with resumed.as_directory() as directory:
             state = checkpoint.load(Path(directory), model, optimizer, scheduler)
+        if state.mlflow_run_id and state.mlflow_run_id != ctx.run_id:  # the driver checks first; storage may lag
+            raise RuntimeError(f"checkpoint {resumed.path} belongs to MLflow run {state.mlflow_run_id}, not {ctx.run_id}")
         if rank == 0:
             say(f"resumed from {resumed.path} at step {state.step}")
+    state.mlflow_run_id = ctx.run_id  # saved with every checkpoint: only this run may resume from them
     if cfg.train.compile:
         compiled = compile_encoders(model)  # in place, before DDP wraps the objective: checkpoints keep their keys
         if rank == 0:
@@ -203,12 +184,13 @@ def train_loop_per_worker(config: dict) -> None:
     wrapped = ray.train.torch.prepare_model(model)  # to device; DDP when world_size > 1
     optimizer_to(optimizer, device)
     accumulation = accumulation_steps(cfg, world_size)
+    # The same step `model.bench` times: autocast, backward per micro-batch, clipping, fused AdamW.
+    step = TrainingStep(wrapped, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
+                        accumulation=accumulation, bf16=cfg.train.bf16)
     logger = Logger(ctx, cfg, rank, world_size, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.train.bf16)
     shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
     gpus = world_size * (1 if device.type == "cuda" else 0)
-    no_sync = getattr(wrapped, "no_sync", None)  # DDP only: skip the all-reduce on accumulation micro-batches
 
     while state.step < cfg.train.max_steps:
         # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
@@ -216,22 +198,16 @@ def train_loop_per_worker(config: dict) -> None:
         for batch in batches:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             micro += 1
-            sync = micro % accumulation == 0
-            with (contextlib.nullcontext() if sync or no_sync is None else no_sync()), autocast:
-                out = wrapped(batch)
-                (out.loss / accumulation).backward()
-            interval.add(out.values())
+            last = micro % accumulation == 0
+            interval.add(step.micro_batch(batch, last))
             state.batches_in_epoch += 1
-            if not sync:
+            if not last:
                 continue
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
-            if not torch.isfinite(grad_norm):  # identical on every rank after DDP's all-reduce: all stop together
+            grad_norm, updated = step.update()
+            if not updated:  # identical on every rank after DDP's all-reduce: all stop together
                 logger.stop(f"non-finite loss or gradient at step {state.step + 1} (grad norm {grad_norm.item()}); "
                             f"the last good checkpoint is kept")
                 return
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
             now = time.perf_counter()
             state.step += 1
             state.tokens_seen += cfg.train.global_batch * cfg.data.seq_len

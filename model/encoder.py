@@ -13,9 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import (
-    FlexBias, RelativePositionBias, SelfAttention, attention_bias, check_attention_choice, flex_bias, resolve_attention,
+    FlexBias, RelativePositionBias, SelfAttention, attention_bias, check_attention_choice, compute_dtype,
+    device_flex_options, flex_bias, flex_works, probe_flex, resolve_attention,
 )
 from .config import EncoderConfig
+
+
+# Where compiled flex can fail to build (Triton tiles, shared memory) and is probed before first use.
+PROBED_DEVICE_TYPES = ("cuda",)
 
 
 def init_weights(module: nn.Module) -> None:
@@ -110,13 +115,31 @@ class Encoder(nn.Module):
         position_bias = self.relative_bias(input_ids.shape[1]) if self.relative_bias is not None else None
         dropout_active = self.training and self.cfg.attention_dropout > 0
         implementation = resolve_attention(self.attention_implementation, x.device, dropout_active)
+        dtype = compute_dtype(x)  # q's dtype: bf16 under autocast while x stays fp32
+        if implementation == "flex" and not self._flex_runs(x.device, dtype):
+            implementation = "sdpa"
         if implementation == "flex":
-            bias = flex_bias(attention_mask.bool(), position_bias)  # BlockMask + (h, T, T), shared by all layers
+            options = device_flex_options(x.device, self.cfg.head_dim, dtype, _dtype_of(position_bias))
+            bias = flex_bias(attention_mask.bool(), position_bias, options)  # BlockMask + (h, T, T), for all layers
         else:
-            bias = attention_bias(attention_mask.bool(), position_bias, x.dtype)  # (B, h or 1, T, T)
+            bias = attention_bias(attention_mask.bool(), position_bias, dtype)  # (B, h or 1, T, T)
         for layer in self.layers:
             x = layer(x, bias, implementation)
         return x
+
+    def _flex_runs(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """False when compiled flex fails on this GPU (checked once per process and configuration,
+        then SDPA runs: see `model.attention.flex_works`). CPU flex is torch's unfused reference path,
+        and inside a compiled region the check has already run or cannot."""
+        if device.type not in PROBED_DEVICE_TYPES or torch.compiler.is_compiling():
+            return True
+        cfg, relative = self.cfg, self.relative_bias is not None
+        key = (str(device), cfg.num_heads, cfg.head_dim, dtype, relative)
+        return flex_works(key, lambda: probe_flex(device, cfg.num_heads, cfg.head_dim, dtype, relative))
+
+
+def _dtype_of(tensor: torch.Tensor | None) -> torch.dtype | None:
+    return None if tensor is None else tensor.dtype
 
 
 def compile_encoders(module: nn.Module, backend: str = "inductor") -> list[TransformerLayer]:

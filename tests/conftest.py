@@ -20,10 +20,30 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 
+# The modules holding `gpu` tests. They import only torch, transformers and the model package, so
+# `python -m pytest -m gpu` runs on a GPU machine without Ray or MLflow: such a run collects these alone.
+GPU_TEST_MODULES = ("test_attention.py", "test_flex_attention.py", "test_compile.py", "test_step.py")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    marker_expression = config.getoption("markexpr") or ""
+    if marker_expression.strip() == "gpu" and collection_path.suffix == ".py":
+        return collection_path.name.startswith("test_") and collection_path.name not in GPU_TEST_MODULES
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Tests that start and `ray stop` a whole Ray cluster run last: `ray stop` ends every Ray
     # process on the machine, the suite's in-process session included.
     items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)
+    # The one place GPU tests are selected: `-m gpu` runs them on a CUDA machine; elsewhere they skip.
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="gpu test: needs a CUDA device (run `python -m pytest -m gpu` on one)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import ModelConfig, relative_position_bucket
-from model.attention import attention_bias, reference_attention, sdpa_attention
+from model.attention import RelativePositionBias, attention_bias, reference_attention, sdpa_attention
 from model.encoder import Encoder
 
 
@@ -119,3 +119,95 @@ def test_padding_does_not_change_real_positions():
     ids[0, 0] = 2
     padded = torch.cat([ids, torch.zeros(1, 5, dtype=torch.long)], dim=1)
     torch.testing.assert_close(enc(ids)[0], enc(padded)[0, :12], atol=1e-5, rtol=1e-5)
+
+
+# What SDPA receives. On a GPU its fused kernels take a float mask only in q's dtype and only with a
+# contiguous last dimension; anything else runs the unfused math path in fp32 (the H100 profile
+# showed fp32 bmm and softmax kernels). CPU SDPA accepts any layout, so these tests record the call.
+
+def record_sdpa_calls(monkeypatch) -> list[dict]:
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, **kwargs):
+        calls.append({"q": q, "k": k, "v": v, "mask": attn_mask, "dropout_p": dropout_p})
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    return calls
+
+
+def assert_fused_kernel_layout(call: dict) -> None:
+    q, mask = call["q"], call["mask"]
+    assert mask.dtype == q.dtype == call["k"].dtype == call["v"].dtype
+    assert all(t.stride(-1) == 1 for t in (q, call["k"], call["v"], mask))
+    # memory-efficient kernel: every other stride 16-element aligned, so SDPA does not re-pad per call
+    assert all(s % 16 == 0 for s in mask.stride()[:-1]), mask.stride()
+
+
+@pytest.mark.parametrize("seq_len", [48, 45])  # a multiple of 16, and one whose rows need padding in memory
+@pytest.mark.parametrize("relative_position", [True, False])
+@pytest.mark.parametrize("autocast", [True, False])
+def test_sdpa_gets_a_mask_in_q_dtype_laid_out_for_the_fused_kernels(monkeypatch, seq_len, relative_position, autocast):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
+                      relative_position=relative_position).main
+    enc = Encoder(cfg).train()  # attention dropout 0.1 active: the paper's setting stays on SDPA
+    ids = torch.randint(5, 50, (3, seq_len))
+    ids[1, seq_len - 7:] = 0
+    calls = record_sdpa_calls(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = enc(ids)
+    out.float().sum().backward()
+    assert len(calls) == cfg.num_layers and all(c["dropout_p"] == 0.1 for c in calls)
+    expected = torch.bfloat16 if autocast else torch.float32
+    for call in calls:
+        assert call["q"].dtype == expected
+        assert_fused_kernel_layout(call)
+    if relative_position:
+        assert enc.relative_bias.table.weight.grad.abs().sum() > 0  # the bias still learns through the mask
+
+
+def test_aligned_mask_has_the_values_of_the_plain_sum():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=10, hidden_size=32, num_heads=4, ffn_size=8).main
+    relative = RelativePositionBias(cfg)
+    position_bias = relative(45)
+    assert position_bias.is_contiguous()  # a permuted lookup (last stride = heads) is what GPUs refused
+    mask = torch.ones(2, 45, dtype=torch.bool)
+    mask[1, 30:] = False
+    padding = torch.zeros(2, 45).masked_fill(~mask, float("-inf"))[:, None, None, :]
+    torch.testing.assert_close(attention_bias(mask, position_bias, torch.float32), position_bias + padding)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("seq_len", [512, 460])  # the base block and its crop
+def test_model_sdpa_runs_the_memory_efficient_kernel_on_cuda(compiled, seq_len):
+    """The paper's setting (attention dropout 0.1, bias needing a gradient) on a fused kernel, forward
+    and backward, eager and with the layers compiled: no math-path bmm anywhere in the step."""
+    from model.encoder import compile_encoders
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=300, hidden_size=768, num_layers=2, num_heads=12, ffn_size=3072).main
+    enc = Encoder(cfg).cuda().train()
+    if compiled:
+        compile_encoders(enc)
+    ids = torch.randint(5, 300, (4, seq_len), device="cuda")
+    ids[1, seq_len - 37:] = 0
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = enc(ids)
+        out.float().square().mean().backward()
+
+    step()  # compilation and autotuning outside the profile
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        step()
+        torch.cuda.synchronize()
+    names = {event.key for event in profiler.key_averages()}
+    assert any("efficient_attention" in n and "backward" not in n for n in names), sorted(names)
+    assert any("efficient_attention_backward" in n for n in names), sorted(names)
+    assert "aten::_scaled_dot_product_attention_math" not in names and "aten::bmm" not in names
+    assert enc.relative_bias.table.weight.grad.abs().sum() > 0

@@ -75,7 +75,6 @@ def test_every_layer_of_every_encoder_is_compiled():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_flex_step_on_cuda_matches_the_eager_sdpa_step():
     """The fast path end to end (inductor, FlexAttention inside the compiled layers) against the plain
     eager step with SDPA, same weights and replacement draws. In fp32, so both draw the same tokens

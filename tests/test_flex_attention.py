@@ -6,19 +6,23 @@ runs our score_mod and BlockMask exactly as written, so it checks their meaning.
 kernels (compiled Triton, with the bias gradient scattered by atomics) are checked by the gpu tests.
 """
 
+import warnings
+
 import pytest
 import torch
 import torch._dynamo
 import torch.nn.attention.flex_attention as flex_module
 
 from model import ModelConfig
+import model.attention as attention_module
+import model.encoder as encoder_module
 from model.attention import (
-    RelativePositionBias, attention_bias, flex_bias, flex_relative_attention, reference_attention, resolve_attention,
+    FLEX_BLOCKS, FlexBlocks, RelativePositionBias, attention_bias, device_flex_options, flex_bias, flex_kernel_options,
+    flex_relative_attention, flex_works, reference_attention, resolve_attention,
 )
 from model.encoder import Encoder, compile_encoders
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.fixture
@@ -166,6 +170,98 @@ def test_cpu_default_is_sdpa():
     assert torch.equal(default, enc(ids, mask))
 
 
+# Kernel options and the fallback to SDPA. On an H100, torch's default flex tiles for bf16, d=64 with
+# the captured fp32 bias asked for 311,296 bytes of shared memory per block (limit 232,448) and the
+# first step died; the options are now chosen to fit, and a failure that remains falls back once.
+
+H100_SHARED_MEMORY = 232_448  # bytes per block, opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+
+def test_shared_memory_estimate_reproduces_the_h100_failure():
+    torch_default = FlexBlocks(128, 128, 3, 64, 128, 128, 64, 3)  # torch's sm90 tiles for bf16, d=64
+    assert torch_default.forward_shared_memory(head_dim=64, io_bytes=2, bias_bytes=4) == 311_296
+    assert torch_default.forward_shared_memory(64, 2, 4) > H100_SHARED_MEMORY
+
+
+@pytest.mark.parametrize("shared_memory", [H100_SHARED_MEMORY, 101_376, 65_536])  # H100, sm86/89, small
+@pytest.mark.parametrize("head_dim,bias_bytes", [(64, 4), (64, 0), (128, 4)])
+def test_kernel_options_fit_the_device_and_prefer_the_fastest(shared_memory, head_dim, bias_bytes):
+    options = flex_kernel_options(head_dim, io_bytes=2, bias_bytes=bias_bytes, shared_memory=shared_memory)
+    assert options is not None
+    chosen = next(b for b in FLEX_BLOCKS if b.kernel_options() == options)
+    assert chosen.forward_shared_memory(head_dim, 2, bias_bytes) <= shared_memory
+    assert chosen.backward_shared_memory(head_dim, 2, bias_bytes) <= shared_memory
+    for faster in FLEX_BLOCKS[:FLEX_BLOCKS.index(chosen)]:  # every faster entry would not fit
+        assert max(faster.forward_shared_memory(head_dim, 2, bias_bytes),
+                   faster.backward_shared_memory(head_dim, 2, bias_bytes)) > shared_memory
+    for tile in ("fwd_BLOCK_M", "fwd_BLOCK_N", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2", "bwd_BLOCK_N2"):
+        assert 128 % options[tile] == 0  # tiles must divide the BlockMask's 128-token blocks
+    if (shared_memory, head_dim, bias_bytes) == (H100_SHARED_MEMORY, 64, 4):
+        assert options == FLEX_BLOCKS[0].kernel_options()  # the fastest measured on an H100 fits there
+
+
+def test_no_options_when_nothing_fits_and_none_off_cuda():
+    assert flex_kernel_options(64, 2, 4, shared_memory=8_192) is None
+    assert device_flex_options(torch.device("cpu"), 64, torch.bfloat16, torch.float32) is None
+
+
+@pytest.fixture
+def fresh_flex_state(monkeypatch):
+    """The fallback's process-wide memory, emptied for one test and restored after it."""
+    monkeypatch.setattr(attention_module, "_flex_checked", {})
+    monkeypatch.setattr(attention_module, "_flex_failure", [])
+
+
+class SimulatedTritonError(RuntimeError):
+    pass
+
+
+def test_a_failing_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_flex_state):
+    probes = []
+
+    def probe():
+        probes.append(1)
+        raise SimulatedTritonError("No valid triton configs. OutOfMemoryError: out of resource: Required: 311296")
+
+    with pytest.warns(RuntimeWarning, match="SimulatedTritonError: No valid triton configs") as caught:
+        assert flex_works(("cuda:0", 12, 64), probe) is False
+    assert len(caught) == 1 and "uses SDPA" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, and no second probe, for any configuration
+        assert flex_works(("cuda:0", 12, 64), probe) is False
+        assert flex_works(("cuda:0", 4, 64), probe) is False
+    assert len(probes) == 1
+    assert attention_module.flex_failure().startswith("SimulatedTritonError")
+
+
+def test_a_passing_probe_runs_once_per_configuration(fresh_flex_state):
+    probes = []
+    assert flex_works(("cuda:0", 12, 64), lambda: probes.append("a")) is True
+    assert flex_works(("cuda:0", 12, 64), lambda: probes.append("b")) is True
+    assert flex_works(("cuda:0", 4, 64), lambda: probes.append("c")) is True
+    assert probes == ["a", "c"] and attention_module.flex_failure() is None
+
+
+def test_encoder_falls_back_to_sdpa_when_flex_fails_to_compile(fresh_flex_state, monkeypatch):
+    """The encoder's side of the fallback, on CPU: the probe is made to run here and to fail as the
+    H100's did; the forward then equals the SDPA forward, and training goes on."""
+    monkeypatch.setattr(encoder_module, "PROBED_DEVICE_TYPES", ("cpu", "cuda"))
+
+    def failing_probe(*args):
+        raise SimulatedTritonError("out of resource: shared memory, Required: 311296 Hardware limit: 232448")
+
+    monkeypatch.setattr(encoder_module, "probe_flex", failing_probe)
+    enc = small_encoder(attention_dropout=0.0).eval()
+    ids, mask = padded_ids()
+    enc.set_attention("sdpa")
+    expected = enc(ids, mask)
+    enc.set_attention("flex")
+    with pytest.warns(RuntimeWarning, match="Hardware limit"):
+        fell_back = enc(ids, mask)
+    assert torch.equal(fell_back, expected)
+    assert torch.equal(enc(ids, mask), expected)  # and stays on SDPA, silently
+
+
 # The fused kernels on a GPU: compiled flex in bf16 and fp32 (TF32 matmuls inside), at the bench's
 # block and crop lengths, against the reference in fp32 on the same (rounded) inputs.
 
@@ -176,12 +272,12 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 3e-2), (torch.float32, 5e-3)])
 @pytest.mark.parametrize("seq_len", [512, 460])
 @pytest.mark.gpu
-@needs_cuda
 def test_compiled_flex_on_cuda_matches_reference(dtype, tolerance, seq_len):
     # base's heads and head size; rows ending mid-block, on a block edge, and with whole blocks padded
     lengths = [seq_len, seq_len - 37, 256, 64]
     q, k, v, relative, mask = attention_inputs(seq_len, lengths, "cuda", dtype, heads=12, dim=64)
-    fast = flex_relative_attention(q, k, v, flex_bias(mask, relative(seq_len)))  # compiled on CUDA
+    options = device_flex_options(q.device, 64, dtype, torch.float32)  # tiles that fit this GPU
+    fast = flex_relative_attention(q, k, v, flex_bias(mask, relative(seq_len), options))  # compiled on CUDA
     slow = reference_attention(q.float(), k.float(), v.float(), attention_bias(mask, relative(seq_len), torch.float32))
     real = mask[:, None, :, None].expand_as(slow)
     assert relative_error(fast[real], slow[real]) < tolerance
@@ -192,7 +288,6 @@ def test_compiled_flex_on_cuda_matches_reference(dtype, tolerance, seq_len):
 
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.gpu
-@needs_cuda
 def test_encoder_flex_matches_sdpa_on_cuda_under_autocast(compiled):
     enc = small_encoder(attention_dropout=0.0).cuda().eval()
     ids, mask = (t.cuda() for t in padded_ids())

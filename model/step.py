@@ -1,0 +1,126 @@
+"""The pretraining step: the one function both the Ray Train worker loop and `model.bench` time.
+
+Plain PyTorch (no Ray, no MLflow), so a GPU machine with only torch installed runs exactly the step
+the job runs: bf16 autocast on CUDA, backward of each micro-batch scaled by 1/accumulation (DDP's
+all-reduce skipped on all but the last), gradient clipping, the paper's AdamW (fused on CUDA) and
+the warm-up / linear-decay schedule. A non-finite gradient norm skips the update, so the weights
+and the last checkpoint stay good, and the caller decides to stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .objective import PretrainingOutput
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW and its schedule (the paper's base setting; the job fills it from `train.*`)."""
+
+    peak_lr: float = 5e-4
+    warmup_steps: int = 10_000
+    max_steps: int = 125_000
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-6
+    clip_norm: float = 2.0
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weight matrices only: never on biases and LayerNorms (the 1-D parameters), nor on
+    the relative position bias table, which is a bias however it is stored."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "relative_bias" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_linear_decay(warmup: int, total: int) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up to the peak over `warmup` steps, then linear decay to 0 at `total`."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return factor
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimizerConfig, device: torch.device
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `param_groups` (fused on CUDA: one kernel for all parameters) and its schedule."""
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.peak_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_eps, fused=device.type == "cuda",
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.max_steps))
+    return optimizer, scheduler
+
+
+@dataclass
+class StepResult:
+    """One optimizer step: each micro-batch's values (detached, on the device) and the gradient norm
+    before clipping. `updated` is False when the norm was not finite and the update was skipped."""
+
+    values: list[dict[str, torch.Tensor]]
+    grad_norm: torch.Tensor
+    updated: bool
+
+
+class TrainingStep:
+    """Forward, backward, clip and update for one optimizer step over `accumulation` micro-batches.
+
+    `model` maps a batch dict to a `PretrainingOutput` (or to a loss tensor, as the benchmark's
+    transformers peers do); it may be DDP-wrapped, in which case `no_sync` skips the all-reduce on
+    all micro-batches but the last. `parameters` are the ones to clip (the unwrapped model's).
+    """
+
+    def __init__(
+        self, model: Callable[[dict[str, torch.Tensor]], PretrainingOutput | torch.Tensor],
+        parameters: Iterable[nn.Parameter], optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None, device: torch.device, *,
+        clip_norm: float, accumulation: int = 1, bf16: bool = True,
+    ):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.clip_norm, self.accumulation = clip_norm, accumulation
+        # bf16 autocast on CUDA only: CPU runs (tests, laptops) stay fp32.
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and bf16)
+        self._no_sync = getattr(model, "no_sync", None)
+
+    def micro_batch(self, batch: dict[str, torch.Tensor], last: bool) -> dict[str, torch.Tensor]:
+        """Forward and backward of one micro-batch (gradients accumulate); its values, still on the device."""
+        skip_all_reduce = not last and self._no_sync is not None
+        with (self._no_sync() if skip_all_reduce else contextlib.nullcontext()), self.autocast:
+            out = self.model(batch)
+            loss = out.loss if isinstance(out, PretrainingOutput) else out
+            (loss / self.accumulation).backward()
+        return out.values() if isinstance(out, PretrainingOutput) else {"loss": loss.detach().float()}
+
+    def update(self) -> tuple[torch.Tensor, bool]:
+        """Clip, then step the optimizer and the schedule unless the norm is not finite; gradients
+        are cleared either way. Returns the norm and whether the weights moved (one host wait)."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
+        finite = bool(torch.isfinite(grad_norm))  # identical on every rank after DDP's all-reduce
+        if finite:
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, finite
+
+    def __call__(self, batches: Iterable[dict[str, torch.Tensor]]) -> StepResult:
+        """One optimizer step over `accumulation` micro-batches."""
+        batches = list(batches)
+        if len(batches) != self.accumulation:
+            raise ValueError(f"a step takes {self.accumulation} micro-batches, got {len(batches)}")
+        values = [self.micro_batch(b, last=i == len(batches) - 1) for i, b in enumerate(batches)]
+        grad_norm, updated = self.update()
+        return StepResult(values, grad_norm, updated)

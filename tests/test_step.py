@@ -1,0 +1,132 @@
+"""`model.step.TrainingStep`, the step the pretraining job runs and the benchmark times: gradient
+accumulation, clipping and the update checked against the same arithmetic written out by hand; a
+non-finite gradient skips the update; the job and the benchmark share it; it needs no Ray."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import model.step as step_module
+from model import bench
+from model.step import OptimizerConfig, TrainingStep, build_optimizer, param_groups, warmup_linear_decay
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = OptimizerConfig(peak_lr=0.1, warmup_steps=2, max_steps=10, weight_decay=0.01, clip_norm=0.5)
+
+
+class Regression(nn.Module):
+    """A model in the step's calling convention: batch dict -> loss tensor."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (self.linear(batch["x"]).squeeze(1) - batch["y"]).square().mean()
+
+
+def batches(n: int) -> list[dict[str, torch.Tensor]]:
+    torch.manual_seed(1)
+    return [{"x": torch.randn(3, 4) * 5, "y": torch.randn(3)} for _ in range(n)]
+
+
+def test_an_accumulated_step_is_the_mean_gradient_clipped_then_adamw():
+    model, reference = Regression(), Regression()
+    optimizer, scheduler = build_optimizer(model, CFG, torch.device("cpu"))
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, torch.device("cpu"),
+                        clip_norm=CFG.clip_norm, accumulation=2)
+    data = batches(2)
+    result = step(data)
+
+    # By hand: the mean of the micro-batch losses, its gradient, clipped to norm 0.5, one AdamW step
+    # at the warm-up's first learning rate (peak / 2), weight decay on the weight matrix only.
+    loss = sum(reference(b) for b in data) / 2
+    grads = torch.autograd.grad(loss, list(reference.parameters()))
+    norm = torch.sqrt(sum(g.square().sum() for g in grads))
+    scale = min(1.0, CFG.clip_norm / (norm.item() + 1e-6))
+    lr = CFG.peak_lr * warmup_linear_decay(CFG.warmup_steps, CFG.max_steps)(0)
+    for (name, p), g in zip(reference.named_parameters(), grads):
+        g = g * scale
+        m, v = (1 - CFG.adam_beta1) * g, (1 - CFG.adam_beta2) * g.square()
+        m_hat, v_hat = m / (1 - CFG.adam_beta1), v / (1 - CFG.adam_beta2)
+        decay = CFG.weight_decay if p.ndim == 2 else 0.0
+        expected = p.detach() * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + CFG.adam_eps)
+        torch.testing.assert_close(dict(model.named_parameters())[name].detach(), expected, msg=name)
+    assert result.updated and torch.isclose(result.grad_norm, norm)
+    assert [v["loss"].item() for v in result.values] == pytest.approx([reference(b).item() for b in data], rel=1e-6)
+    assert scheduler.get_last_lr()[0] == pytest.approx(CFG.peak_lr)  # stepped once: warm-up step 2 of 2
+    assert all(p.grad is None for p in model.parameters())  # cleared for the next step
+
+
+def test_a_non_finite_gradient_skips_the_update_and_the_schedule():
+    model = Regression()
+    optimizer, scheduler = build_optimizer(model, CFG, torch.device("cpu"))
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, torch.device("cpu"), clip_norm=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    bad = {"x": torch.full((3, 4), float("nan")), "y": torch.zeros(3)}
+    result = step([bad])
+    assert not result.updated and not torch.isfinite(result.grad_norm)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert scheduler.last_epoch == 0 and all(p.grad is None for p in model.parameters())
+    assert step(batches(1)).updated  # and the next good step trains
+
+
+def test_a_step_takes_exactly_its_accumulation_of_micro_batches():
+    model = Regression()
+    optimizer, scheduler = build_optimizer(model, CFG, torch.device("cpu"))
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, torch.device("cpu"),
+                        clip_norm=1.0, accumulation=2)
+    with pytest.raises(ValueError, match="takes 2 micro-batches, got 1"):
+        step(batches(1))
+
+
+def test_param_groups_decay_weight_matrices_only():
+    from model import ObjectiveConfig, build_pretraining_model, model_size
+
+    objective = build_pretraining_model(model_size("tiny", vocab_size=50), ObjectiveConfig())
+    decay, no_decay = param_groups(objective, 0.01)
+    names = {id(p): n for n, p in objective.named_parameters()}
+    assert all(p.ndim == 2 and "relative_bias" not in names[id(p)] for p in decay["params"])
+    assert any("relative_bias" in names[id(p)] for p in no_decay["params"])
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+
+
+def test_the_job_and_the_benchmark_run_the_same_step(monkeypatch):
+    """The Ray worker loop builds `model.step.TrainingStep` (the module is imported by name, so a copy
+    would show), and the benchmark's timed calls are that class's optimizer steps."""
+    train_loop_source = (ROOT / "jobs" / "train_loop.py").read_text()
+    assert "from model.step import TrainingStep" in train_loop_source and "TrainingStep(" in train_loop_source
+    updates = []
+    original = step_module.TrainingStep.update
+
+    def counting(self):
+        updates.append(self.accumulation)
+        return original(self)
+
+    monkeypatch.setattr(step_module.TrainingStep, "update", counting)
+    bench.run(preset="tiny", seq_len=32, batch=2, steps=3, warmup=1, device="cpu")
+    assert updates == [1] * 4  # 1 warm-up + 3 timed steps, each one TrainingStep update
+
+
+def test_the_step_and_the_benchmark_need_no_ray_or_mlflow():
+    code = ("import sys, model.step, model.bench; "
+            "bad = [m for m in ('ray', 'mlflow', 'pandas', 'jobs') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # the paper's setting (SDPA) and the fast one (flex)
+def test_the_default_step_runs_compiled_on_cuda(attention_dropout):
+    """The crash this guards against: the default path died at its first step on an H100 (flex tiles
+    too large for shared memory). `small` has base's head size, so the same attention kernels."""
+    result = bench.run(preset="small", seq_len=512, batch=4, steps=2, warmup=1, compile=True,
+                       attention_dropout=attention_dropout)
+    assert result.mfu is not None and result.mfu > 0
+    from model.attention import flex_failure
+
+    assert flex_failure() is None  # flex compiled with the chosen tiles; no fallback was needed
