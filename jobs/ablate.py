@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from .cli import run_main
 from .env import set_hermetic_env
 
 
@@ -149,6 +150,8 @@ def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResu
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from .sweep import parse_seeds
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--variants", required=True, help="comma list of variant names, e.g. cocolm,rtd_only,clm_only")
@@ -156,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="dotted config override for every variant, e.g. train.max_steps=40 (repeatable)")
     parser.add_argument("--tasks", help="fine-tune every variant on these tasks (snli | glue | rte,mrpc); default: none")
     parser.add_argument("--grid", default="quick", help="the sweep grid (see jobs.sweep)")
-    parser.add_argument("--seeds", default="5", help="how many seeds, or a comma list")
+    parser.add_argument("--seeds", default="5", type=parse_seeds, help="how many seeds, or a comma list")
     parser.add_argument("--max-train", type=int, help="train examples per task (default: the grid's)")
     parser.add_argument("--max-dev", type=int, help="dev examples per dev set (default: the grid's)")
     parser.add_argument("--represent-pairs", type=int, default=500,
@@ -168,18 +171,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> AblationResult:
-    from .sweep import parse_seeds
-
     args = parse_args(argv)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     if not variants:
         raise SystemExit("--variants names no variant")
     return run(AblationOptions(
         preset=args.preset, variants=variants, overrides=tuple(args.overrides), tasks=args.tasks, grid=args.grid,
-        seeds=parse_seeds(args.seeds), max_train=args.max_train, max_dev=args.max_dev,
+        seeds=args.seeds, max_train=args.max_train, max_dev=args.max_dev,
         represent_pairs=args.represent_pairs, tracking_uri=args.tracking_uri, storage=args.storage,
         experiment=args.experiment))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,6 +26,43 @@ class TrainState:
     batches_in_epoch: int = 0  # micro-batches this worker consumed in `epoch`: skipped on resume
     tokens_seen: int = 0
     device_hours: float = 0.0  # accelerator-hours (GPU-hours on GPU, worker-hours on CPU)
+    mlflow_run_id: str = ""  # the run these checkpoints belong to: only that run may resume from them
+
+
+def owners(storage: str, run_name: str) -> dict[str, str]:
+    """Checkpoint directory -> the MLflow run id it records ("" for checkpoints older than that field),
+    for every checkpoint Ray Train keeps under `storage/run_name` (a local path or a pyarrow URI)."""
+    import pyarrow.fs
+
+    if "://" in storage and not storage.startswith("file://"):
+        fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    else:
+        fs, root = pyarrow.fs.LocalFileSystem(), str(Path(storage.removeprefix("file://")).expanduser().resolve())
+    found = {}
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(f"{root}/{run_name}", allow_not_found=True)):
+        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_"):
+            try:
+                with fs.open_input_stream(f"{info.path}/state.json") as f:
+                    found[info.path] = json.loads(f.read()).get("mlflow_run_id", "")
+            except (OSError, ValueError):
+                continue  # a checkpoint Ray never finished writing: Ray Train ignores it too
+    return found
+
+
+def check_owner(found: dict[str, str], run_id: str | None, storage: str, run_name: str, tracking_uri: str) -> None:
+    """Refuse checkpoints that cannot prove they belong to the run about to resume (`run_id`, None when
+    the tracking store has no run of this name yet): resuming another run's finished checkpoint
+    would mark a new run FINISHED with no loss curve and another run's encoder."""
+    foreign = {owner for owner in found.values() if owner != run_id and (owner or run_id is None)}
+    if not foreign:
+        return
+    where = f"{storage.rstrip('/')}/{run_name}"
+    holder = ", ".join(sorted(owner or "an unknown run (no run id recorded)" for owner in foreign))
+    raise ValueError(
+        f"{where} holds checkpoints of MLflow run {holder}, and the tracking store {tracking_uri} "
+        + (f"has run {run_id} under this name instead" if run_id else "has no run of this name")
+        + ": resume with the tracking store that holds that run (--tracking-uri), or start fresh with "
+          "another --name or --storage (or delete that folder)")
 
 
 def save(

@@ -146,7 +146,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
             raise ValueError(f"--set {pair!r}: expected section.key=value, e.g. train.max_steps=40")
         if section not in SECTIONS:
             raise ValueError(f"--set {pair!r}: unknown section {section!r}; sections are {sorted(SECTIONS)}")
-        out[section][field_name] = yaml.safe_load(value)
+        try:
+            out[section][field_name] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ValueError(f"--set {key.strip()}: cannot read the value {value!r} ({problem}); values are YAML, "
+                             f"e.g. {key.strip()}=40, =true, =[1, 2] or ='a string'") from None
     return out
 
 

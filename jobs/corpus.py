@@ -29,6 +29,7 @@ Skip reasons. File-level ones count files and list them; the others count record
     binary_file         NUL bytes in the (decompressed) content, or more undecodable lines than
                         good ones: not text
     unsupported_format  a file name none of the formats above matches
+    empty_file          no content at all (zero bytes or only whitespace, or a parquet file of no rows)
     bad_utf8            a line that is not valid UTF-8
     bad_json            a .jsonl line that does not parse
     no_text             a JSON object or parquet row without a string `text`
@@ -59,7 +60,7 @@ from ray.data.datasource import FileBasedDatasource
 
 SHIPPED_CORPUS_DIR = Path(__file__).resolve().parent.parent / "data" / "corpus"
 DEFAULT_MAX_RECORD_CHARS = 1_000_000
-FILE_REASONS = ("unreadable_file", "binary_file", "unsupported_format")
+FILE_REASONS = ("unreadable_file", "binary_file", "unsupported_format", "empty_file")
 RECORD_REASONS = ("bad_utf8", "bad_json", "no_text", "empty", "too_long")
 _FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 
@@ -215,9 +216,13 @@ def parse_file(path: str, data: bytes, max_record_chars: int = DEFAULT_MAX_RECOR
     try:
         data = gzip.decompress(data) if gzipped else data
         if kind == "parquet":
-            return _keep(_parquet_records(data, skipped), max_record_chars, skipped)
+            records = _parquet_records(data, skipped)
+            empty = not records and not sum(skipped.values())  # no rows at all
+            return ([], {"empty_file": 1}) if empty else _keep(records, max_record_chars, skipped)
     except (OSError, EOFError, zlib.error, pa.ArrowException):  # a broken archive or parquet file
         return [], {"unreadable_file": 1}
+    if not data.strip():
+        return [], {"empty_file": 1}
     if b"\x00" in data:
         return [], {"binary_file": 1}
     lines, bad = _decode_lines(data)

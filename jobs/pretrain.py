@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import checkpoint
+from .cli import run_main
 from .env import init_ray, set_hermetic_env
 
 CHECKPOINT_TAG = "cocolm.checkpoint"
@@ -45,9 +47,12 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
     check_compile_toolchain(cfg)
+    from .stream import build_stream, check_inputs
+
+    check_inputs(cfg.data)  # before Ray starts
     storage = storage or tracking.default_storage()
+    tracking.check_storage(storage)
     init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
-    from .stream import build_stream
 
     stream = build_stream(cfg.data)
     cfg = with_vocab_size(cfg, _vocab_size(stream.tokenizer_dir))
@@ -55,6 +60,9 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     client = MlflowClient(tracking_uri)
     experiment_id = tracking.experiment_id(client, experiment, tracking_uri)
     tags = {"preset": cfg.preset, "variant": cfg.variant, "git_commit": tracking.git_commit(), "kind": "pretraining"}
+    existing = tracking.find_run(client, experiment_id, run_name)
+    checkpoint.check_owner(checkpoint.owners(storage, run_name), existing.info.run_id if existing else None,
+                           storage, run_name, tracking_uri)  # before a new MLflow run is created
     run_id, status = tracking.find_or_start_run(client, experiment_id, run_name, run_name, tags)
     if status == "FINISHED":
         done = client.get_run(run_id).data.tags.get(CHECKPOINT_TAG, "")
@@ -64,10 +72,10 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     print(f"MLflow run {run_id} ({'resuming' if status != 'NEW' else 'new'}) in experiment {experiment!r} "
           f"at {tracking_uri}", flush=True)
     with tracking.ending_run(client, run_id):
-        checkpoint = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
-        _finish(client, run_id, cfg, stream, checkpoint)
-    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint}\nopen the UI:   {tracking.ui_command(tracking_uri)}")
-    return PretrainResult(run_id, run_name, checkpoint, tracking_uri, "FINISHED")
+        checkpoint_path = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
+        _finish(client, run_id, cfg, stream, checkpoint_path)
+    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint_path}\nopen the UI:   {tracking.ui_command(tracking_uri)}")
+    return PretrainResult(run_id, run_name, checkpoint_path, tracking_uri, "FINISHED")
 
 
 def check_compile_toolchain(cfg) -> None:
@@ -136,7 +144,6 @@ def _finish(client, run_id: str, cfg, stream, checkpoint_path: str) -> None:
 
     from model.export import export_encoder
 
-    from . import checkpoint
     from .corpus import skip_summary
 
     summary = skip_summary(stream.skips)
@@ -185,4 +192,4 @@ def main(argv: list[str] | None = None) -> PretrainResult:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+from .cli import run_main
 from .env import set_hermetic_env
 
 SEED = 0
@@ -175,4 +176,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

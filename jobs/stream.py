@@ -43,7 +43,7 @@ import numpy as np
 import ray
 import torch
 
-from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, read_documents, shipped_corpus
+from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, expand_paths, read_documents, shipped_corpus
 from model.corruption import BATCH_KEYS, SpecialTokens, make_pretraining_batch
 
 
@@ -85,6 +85,15 @@ def resolve_tokenizer(cfg: DataConfig) -> Path:
     if cfg.tokenizer_dir:
         return Path(cfg.tokenizer_dir)
     return cached_default_tokenizer(cfg.vocab_size, cased=cfg.cased, paths=corpus_paths(cfg))
+
+
+def check_inputs(cfg: DataConfig) -> None:
+    """Missing local corpus paths and a tokenizer directory without a tokenizer are errors that name
+    them, raised before Ray starts (cloud URIs are checked when Ray Data reads them)."""
+    expand_paths(corpus_paths(cfg))
+    if cfg.tokenizer_dir and not (Path(cfg.tokenizer_dir) / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"tokenizer directory {cfg.tokenizer_dir} holds no tokenizer.json: "
+                                f"train one with `python -m jobs.tokenizer --out DIR`, or leave --tokenizer out")
 
 
 def load_tokenizer(tokenizer_dir: str | Path):

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from jobs.cli import run_main
 from jobs.corpus import read_documents, skip_summary
 from jobs.env import init_ray
 from jobs.stream import DataConfig, build_stream, corrupt, corrupted, corpus_paths, load_tokenizer
@@ -119,4 +120,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -34,8 +34,9 @@ from typing import Any
 
 from analysis.medians import GRID_COLUMNS
 
-from .env import init_ray, set_hermetic_env
 from . import tracking
+from .cli import run_main
+from .env import init_ray, set_hermetic_env
 from .tracking import PRETRAINING_TAG
 
 GRIDS = Path(__file__).resolve().parents[1] / "platform" / "grids"
@@ -142,6 +143,17 @@ class SweepOptions:
     storage: str | None = None  # Tune's storage (default $COCOLM_HOME/ray_results)
     name: str | None = None  # parent run name
     inject_failures: dict[str, int] = field(default_factory=dict)  # trial name -> failures to inject (tests)
+
+    def __post_init__(self) -> None:
+        check_seeds(self.seeds)
+
+
+def check_seeds(seeds: tuple[int, ...]) -> None:
+    """At least one seed, each a distinct non-negative integer: checked before Ray or MLflow start."""
+    if not seeds:
+        raise ValueError("no seeds: give a count (--seeds 5) or a comma list (--seeds 0,1,2)")
+    if any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
 
 
 @dataclass(frozen=True)
@@ -289,6 +301,7 @@ def run(opts: SweepOptions) -> SweepResult:
     grid = load_grid(opts.grid)
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
+    tracking.check_storage(opts.storage or tracking.default_storage())
     client = MlflowClient(tracking_uri)
     experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)  # the driver creates store + experiment
     with tempfile.TemporaryDirectory(prefix="cocolm-sweep-") as workdir:  # the downloaded encoder: read, then gone
@@ -539,13 +552,15 @@ def _log_tables(client, run_id: str, out: _Tables) -> None:
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    """'5' -> seeds 0..4; '1,2,3' -> those seeds."""
-    if "," in text:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    count = int(text)
-    if count < 1:
-        raise ValueError("--seeds needs at least one seed")
-    return tuple(range(count))
+    """'5' -> seeds 0..4; '1,2,3' -> those seeds. An argparse type: a bad value is a usage error
+    that names the flag, before anything starts."""
+    usage = f"expected a seed count (5) or a comma list of seeds (0,1,2), got {text!r}"
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip()) if "," in text else tuple(range(int(text)))
+        check_seeds(seeds)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{usage}: {error}" if "seeds" in str(error) else usage) from None
+    return seeds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -555,7 +570,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "exported encoder directory, or pretraining checkpoint directory")
     parser.add_argument("--tasks", default="snli", help="glue | snli | comma list (rte,mrpc) | a task file or folder")
     parser.add_argument("--grid", default="quick", help=f"one of {available_grids()} or a grid YAML file")
-    parser.add_argument("--seeds", default="5", help="how many seeds (5 = seeds 0..4), or a comma list")
+    parser.add_argument("--seeds", default="5", type=parse_seeds, help="how many seeds (5 = seeds 0..4), or a comma list")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
     parser.add_argument("--glue-dir", help="folder with the GLUE task folders (default: the Hugging Face hub)")
     parser.add_argument("--max-train", type=int, help="train examples per task, fixed-seed subset (0 = all; default: the grid's)")
@@ -575,7 +590,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> SweepResult:
     args = parse_args(argv)
     opts = SweepOptions(
-        source=args.source, tasks=args.tasks, grid=args.grid, seeds=parse_seeds(args.seeds),
+        source=args.source, tasks=args.tasks, grid=args.grid, seeds=args.seeds,
         tracking_uri=args.tracking_uri, glue_dir=args.glue_dir, max_train=args.max_train, max_dev=args.max_dev,
         max_length=args.max_length, kind=args.kind, lr_set=args.lr_set, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, experiment=args.experiment,
@@ -585,4 +600,4 @@ def main(argv: list[str] | None = None) -> SweepResult:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -34,7 +34,7 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -297,18 +297,26 @@ class _Rows:
     def skip(self, line: int, reason: str) -> None:
         self.skipped.append(SkippedRow(self.path, line, reason))
 
-    def finish(self) -> tuple[Split, list[SkippedRow]]:
-        total = len(self.labels) + len(self.skipped)
+    def finish(self, check_fraction: bool = True) -> tuple[Split, list[SkippedRow]]:
+        """The split and its skipped rows. `check_fraction=False` where the file is larger than this
+        split (one user file split in two): its caller checks the whole file instead."""
         if not self.labels:
             raise ValueError(f"{self.path}: no usable rows ({len(self.skipped)} malformed)\n"
                              + skip_report(self.spec.display, self.skipped))
-        if len(self.skipped) > MAX_MALFORMED_FRACTION * total:
-            raise ValueError(
-                f"{self.path}: {len(self.skipped)} of {total} rows are malformed, more than "
-                f"{MAX_MALFORMED_FRACTION:.0%}: is this the {self.spec.display} format?\n"
-                + skip_report(self.spec.display, self.skipped[:20])
-            )
+        if check_fraction:
+            check_malformed_fraction(self.path, self.spec, self.skipped, len(self.labels) + len(self.skipped))
         return Split(self.text, self.pair, self.labels, self.path), self.skipped
+
+
+def check_malformed_fraction(path: str, spec: TaskSpec, skipped: Sequence[SkippedRow], total: int) -> None:
+    """More than MAX_MALFORMED_FRACTION of a file's `total` rows malformed: the file is not in the
+    format we think it is, and reading it is an error that shows the first skipped rows."""
+    if len(skipped) > MAX_MALFORMED_FRACTION * total:
+        raise ValueError(
+            f"{path}: {len(skipped)} of {total} rows are malformed, more than "
+            f"{MAX_MALFORMED_FRACTION:.0%}: is this the {spec.display} format?\n"
+            + skip_report(spec.display, list(skipped)[:20])
+        )
 
 
 def _row_problem(spec: TaskSpec, text, pair, label, paired: bool) -> str:
@@ -470,6 +478,7 @@ def read_user_task(path: str | Path, kind: str | None = None, score: str | None 
         raise FileNotFoundError(f"task file or folder {path} not found")
     spec = _user_spec(name, raw["train"], kind, score)
     splits, skipped = {}, []
+    one_file = path.is_file()  # split here into train and dev: the malformed rule is the whole file's
     for split, rows in raw.items():
         collected = _Rows(rows[0].path if rows else str(path), spec, any(r.pair is not None for r in raw["train"]))
         for r in rows:
@@ -477,8 +486,11 @@ def read_user_task(path: str | Path, kind: str | None = None, score: str | None 
                 collected.skip(r.line, r.problem)
             else:
                 collected.add(r.line, r.text, r.pair, r.label)
-        splits[split], more = collected.finish()
+        splits[split], more = collected.finish(check_fraction=not one_file)
         skipped += more
+    if one_file:
+        check_malformed_fraction(str(path), spec, sorted(skipped, key=lambda r: r.line),
+                                 sum(len(rows) for rows in raw.values()))
     return Task(spec, splits["train"], {"dev": splits["dev"]}, splits.get("test"), tuple(skipped), notes)
 
 
@@ -528,20 +540,28 @@ def _read_user_rows(path: Path) -> list[_UserRow]:
 
 def _user_jsonl(path: str, text: str) -> list[_UserRow]:
     rows = []
-    for line, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-        except ValueError:
+    for line, record in jsonl_objects(text):
+        if record is None:
             rows.append(_UserRow(path, line, None, None, None, "not a JSON object"))
             continue
         label = record.get("label")
         rows.append(_UserRow(path, line, record.get("text"), record.get("text_pair"),
                              None if label is None else str(label)))
     return rows
+
+
+def jsonl_objects(text: str) -> Iterator[tuple[int, dict | None]]:
+    """(line number, record) for each non-blank line of a JSON-lines text; the record is None where
+    the line is not a JSON object (bad JSON, or a list, string or number). The one JSONL reader of
+    the task files: every caller skips and counts a None the same way."""
+    for line, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        yield line, record if isinstance(record, dict) else None
 
 
 def _user_spec(name: str, rows: list[_UserRow], kind: str | None, score: str | None) -> TaskSpec:
@@ -577,12 +597,8 @@ def _read_text(path: Path) -> str:
 
 def _read_jsonl(path: Path, spec: TaskSpec, text: str, pair: str | None, label: str) -> tuple[Split, list[SkippedRow]]:
     rows = _Rows(str(path), spec, pair is not None)
-    for number, raw in enumerate(_read_text(path).split("\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
+    for number, record in jsonl_objects(_read_text(path)):
+        if record is None:
             rows.skip(number, "not a JSON object")
             continue
         rows.add(number, record.get(text), record.get(pair) if pair else None, record.get(label))

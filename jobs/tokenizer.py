@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
+from jobs.cli import run_main
 from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
 from jobs.env import init_ray
 
@@ -249,4 +250,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

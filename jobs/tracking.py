@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import RunStatus
+from mlflow.entities import Run, RunStatus
 from mlflow.tracking import MlflowClient
 
 RUN_KEY_TAG = "cocolm.run_key"  # the Ray run name: the same command re-run finds its MLflow run by it
@@ -34,6 +35,21 @@ def default_tracking_uri() -> str:
 
 def default_storage() -> str:
     return str(home() / "ray_results")
+
+
+def check_storage(storage: str) -> None:
+    """A local checkpoint/results directory must be creatable and writable: said before Ray starts or
+    an MLflow run is created (a cloud URI is checked by Ray when it first writes)."""
+    if "://" in storage and not storage.startswith("file://"):
+        return
+    path = Path(storage.removeprefix("file://")).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise PermissionError(f"storage {storage} is not writable ({error.strerror or error}): "
+                              f"choose a writable --storage") from None
 
 
 def check_tracking(uri: str, timeout: float = 5.0) -> None:
@@ -63,13 +79,18 @@ def experiment_id(client: MlflowClient, name: str, tracking_uri: str) -> str:
     return client.create_experiment(name, artifact_location=location)
 
 
+def find_run(client: MlflowClient, experiment: str, run_key: str) -> Run | None:
+    """The run tagged with `run_key`, or None."""
+    existing = client.search_runs([experiment], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'", max_results=1)
+    return existing[0] if existing else None
+
+
 def find_or_start_run(
     client: MlflowClient, experiment: str, run_key: str, run_name: str, tags: dict[str, str]
 ) -> tuple[str, str]:
     """The run tagged with `run_key` if one exists, else a new one. Returns (run_id, its status)."""
-    existing = client.search_runs([experiment], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'", max_results=1)
-    if existing:
-        run = existing[0]
+    run = find_run(client, experiment, run_key)
+    if run is not None:
         if run.info.status != "FINISHED":
             client.update_run(run.info.run_id, status="RUNNING")
         return run.info.run_id, run.info.status

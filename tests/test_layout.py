@@ -28,3 +28,36 @@ def test_model_imports_no_ray_mlflow_pandas_or_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_module_with_gpu_tests_is_collected_by_a_gpu_run():
+    """`-m gpu` collects only conftest.GPU_TEST_MODULES (a GPU machine has no Ray): a gpu test added
+    elsewhere would silently never run there."""
+    from conftest import GPU_TEST_MODULES
+
+    marker = "@pytest.mark." + "gpu"  # spelled apart so this file does not match itself
+    with_gpu_tests = {p.name for p in (ROOT / "tests").glob("test_*.py") if marker in p.read_text()}
+    assert with_gpu_tests <= set(GPU_TEST_MODULES), with_gpu_tests - set(GPU_TEST_MODULES)
+    for name in GPU_TEST_MODULES:
+        imports = [line for line in (ROOT / "tests" / name).read_text().splitlines() if line.startswith(("import ", "from "))]
+        assert not any(word in line for line in imports for word in ("ray", "mlflow", "jobs", "pandas")), name
+
+
+def readme_test_command() -> str:
+    """The Quickstart's second shell block, as .ci/run reads it."""
+    import re
+
+    quickstart = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(?:bash|sh|shell)\n(.*?)```", quickstart, re.S)[1].strip()
+
+
+def test_the_readme_test_command_installs_what_the_tests_need_and_ci_installs_nothing_else():
+    """CI used to install chromium and g++ itself, so the README's command failed on a fresh machine
+    while CI was green. Now the README's command installs them, and .ci/run only runs that command."""
+    command = readme_test_command()
+    assert command.startswith("bash tests/system_packages.sh && ") and "python -m pytest" in command
+    script = (ROOT / "tests" / "system_packages.sh").read_text()
+    for package in ("chromium", "g++"):
+        assert f"missing+=({package})" in script
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "apt-get" not in ci and "pip install" not in ci

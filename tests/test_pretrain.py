@@ -93,6 +93,7 @@ def test_overrides_are_typed_and_have_the_last_word():
     ("train.max_steps", "expected section.key=value"),
     ("objective.use_scl=maybe", "must be true or false"),
     ("train.max_steps=many", "must be a number"),
+    ("train.max_steps=[5", r"--set train.max_steps: cannot read the value '\[5'"),  # was a 48-line PyYAML traceback
 ])
 def test_bad_config_is_an_error_that_names_the_key(override, message):
     with pytest.raises(ValueError, match=message):
@@ -154,6 +155,33 @@ def test_checkpoint_round_trip_gives_equal_parameters_and_optimizer_state(tmp_pa
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
 
 
+def fake_checkpoint(storage: Path, run_name: str, step: int, owner: str | None) -> Path:
+    """A checkpoint directory as Ray Train leaves it, recording `owner` (None: an old one without the field)."""
+    directory = storage / run_name / f"checkpoint_step_{step:08d}"
+    directory.mkdir(parents=True)
+    state = {"step": step} if owner is None else {"step": step, "mlflow_run_id": owner}
+    (directory / "state.json").write_text(json.dumps(state))
+    return directory
+
+
+def test_checkpoints_must_prove_they_belong_to_the_resuming_run(tmp_path):
+    storage = str(tmp_path)
+    fake_checkpoint(tmp_path, "mine", 40, "run-a")
+    fake_checkpoint(tmp_path, "legacy", 40, None)
+    found = checkpoint.owners(storage, "mine")
+    assert list(found.values()) == ["run-a"] and checkpoint.owners(storage, "nothing-here") == {}
+    checkpoint.check_owner(found, "run-a", storage, "mine", "sqlite:///a.db")  # its own run resumes
+    with pytest.raises(ValueError, match=r"mine holds checkpoints of MLflow run run-a, and the tracking store "
+                                         r"sqlite:///b.db has no run of this name"):
+        checkpoint.check_owner(found, None, storage, "mine", "sqlite:///b.db")  # a new store, an old --storage
+    with pytest.raises(ValueError, match="has run run-b under this name instead"):
+        checkpoint.check_owner(found, "run-b", storage, "mine", "sqlite:///b.db")
+    legacy = checkpoint.owners(storage, "legacy")
+    checkpoint.check_owner(legacy, "run-a", storage, "legacy", "sqlite:///a.db")  # an existing run keeps resuming
+    with pytest.raises(ValueError, match="an unknown run"):
+        checkpoint.check_owner(legacy, None, storage, "legacy", "sqlite:///b.db")  # but cannot start a new one
+
+
 def test_every_variant_runs_a_few_training_steps(tmp_path):
     """Config resolution, model and optimizer building of every variant through the job's own code."""
     small = ["model.hidden_size=32", "model.ffn_size=64", "data.seq_len=32"]
@@ -193,6 +221,18 @@ def test_converged_aux_needs_a_checkpoint():
 
 
 # ------------------------------------------------------------------ Ray Train runs
+
+
+def test_a_new_tracking_store_refuses_another_runs_checkpoints(ray_local, tokenizer_dir, home, tmp_path):
+    """The reported case: a new tracking store with an old --storage used to resume the other run's
+    finished checkpoint into an empty FINISHED run. Now it stops with the reason, and no run is made."""
+    storage = tmp_path / "storage"
+    fake_checkpoint(storage, "owned", 40, "a-run-of-another-store")
+    tracking_uri = f"sqlite:///{tmp_path}/new.db"
+    with pytest.raises(ValueError, match="holds checkpoints of MLflow run a-run-of-another-store"):
+        run(tiny(tokenizer_dir, "train.max_steps=40"), tracking_uri, str(storage), name="owned")
+    client = MlflowClient(tracking_uri)
+    assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
 
 
 @pytest.mark.slow

@@ -231,17 +231,20 @@ def test_each_kind_of_bad_input_is_skipped_and_counted(ray_local, tmp_path):
     (tmp_path / "truncated.jsonl.gz").write_bytes(gzip.compress(b'{"text": "cut short"}\n' * 50)[:40])  # unreadable
     (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # unsupported_format
     pq.write_table(pa.table({"text": ["parquet row", None]}), tmp_path / "rows.parquet")  # + no_text
+    (tmp_path / "nothing.txt").write_bytes(b"")  # empty_file
+    (tmp_path / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n  \n"))  # empty_file: whitespace only
 
     documents, counter = read_documents([str(tmp_path)], max_record_chars=1000)
     kept = sorted(documents.to_pandas()["text"])
     assert kept == sorted([clean_text(t) for t in good] + ["parquet row"])
     summary = skip_summary(counter)
     assert summary.skipped == {"bad_json": 1, "empty": 2, "too_long": 1, "no_text": 3, "bad_utf8": 3,
-                               "binary_file": 2, "unreadable_file": 1, "unsupported_format": 1}
+                               "binary_file": 2, "unreadable_file": 1, "unsupported_format": 1, "empty_file": 2}
     assert summary.skipped_files == {"binary_file": [str(tmp_path / "junk.txt"), str(tmp_path / "latin.txt")],
                                      "unreadable_file": [str(tmp_path / "truncated.jsonl.gz")],
-                                     "unsupported_format": [str(tmp_path / "picture.png")]}
-    assert (summary.files, summary.documents) == (7, 5)
+                                     "unsupported_format": [str(tmp_path / "picture.png")],
+                                     "empty_file": [str(tmp_path / "blank.jsonl.gz"), str(tmp_path / "nothing.txt")]}
+    assert (summary.files, summary.documents) == (9, 5)
     assert "skipped bad_utf8: 3" in summary.format()
 
 

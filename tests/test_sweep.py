@@ -132,6 +132,22 @@ def test_grid_errors_name_the_key(tmp_path):
     assert parse_seeds("5") == (0, 1, 2, 3, 4) and parse_seeds("1,7") == (1, 7)
 
 
+@pytest.mark.parametrize("bad", [",", "abc", "0", "1,x", "2,2", "3,-1"])
+def test_bad_seed_lists_are_usage_errors_before_anything_starts(bad, capsys, monkeypatch):
+    """`--seeds ","` used to create an MLflow parent run and crash inside Ray Tune; `abc` gave a bare
+    int() error. Now argparse stops with the flag's name; nothing is started."""
+    from jobs import sweep
+
+    monkeypatch.setattr(sweep, "run", lambda opts: pytest.fail("the sweep must not start"))
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--from", "last", "--seeds", bad])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--seeds" in err and "expected a seed count" in err
+    with pytest.raises(ValueError, match="no seeds|distinct non-negative"):
+        SweepOptions(source="last", seeds=())
+
+
 def test_mnli_trials_give_an_mnli_m_and_an_mnli_mm_row_and_failures_no_score():
     from types import SimpleNamespace
 

@@ -204,6 +204,41 @@ def test_user_file_split_kind_inferred_and_malformed_rows_reported(tmp_path):
     assert overridden.spec.kind == "regression" and set(overridden.train.labels) <= {1.0, 2.0, 3.0, 4.0, 5.0}
 
 
+def user_file(tmp_path, good: int, bad_lines: list[int]):
+    """A jsonl task file of `good` labelled rows with `[1, 2]` (valid JSON, not an object) inserted at
+    the given 0-based positions."""
+    lines = [json.dumps({"text": f"row {i}", "label": str(i % 2)}) for i in range(good)]
+    for position in bad_lines:
+        lines.insert(position, "[1, 2]")
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_malformed_rule_counts_the_whole_user_file_not_a_split(tmp_path):
+    # 2 bad rows in 302 (0.66%) used to be rejected as "1 of 30 rows" once the dev split drew one.
+    task = read_user_task(user_file(tmp_path, 300, [5, 150]))
+    assert len(task.skipped) == 2 and len(task.train) + len(task.dev["dev"]) == 300
+    # 10 bad rows in 110 is an error, reported against the whole file.
+    with pytest.raises(ValueError, match=r"mine.jsonl: 10 of 110 rows are malformed"):
+        read_user_task(user_file(tmp_path, 100, list(range(0, 100, 10))))
+
+
+def test_one_jsonl_reader_for_snli_and_user_files(tmp_path):
+    """A line that is JSON but not an object is skipped with the same reason by every reader."""
+    task = read_user_task(user_file(tmp_path, 300, [3]))
+    assert [(r.line, r.reason) for r in task.skipped] == [(4, "not a JSON object")]
+    snli_dir = tmp_path / "snli"
+    snli_dir.mkdir()
+    labels = ("contradiction", "entailment", "neutral")
+    rows = [json.dumps({"premise": f"p {i}", "hypothesis": f"h {i}", "label": labels[i % 3]}) for i in range(300)]
+    rows.insert(7, "[1, 2]")
+    for split in ("train", "test"):
+        (snli_dir / f"{split}.jsonl.gz").write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()))
+    snli = read_snli(snli_dir)
+    assert ("not a JSON object", 8) in {(r.reason, r.line) for r in snli.skipped}
+
+
 def test_user_folder_with_train_dev_test(tmp_path):
     folder = tmp_path / "mytask"
     folder.mkdir()
