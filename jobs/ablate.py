@@ -78,7 +78,7 @@ def run(opts: AblationOptions) -> AblationResult:
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)
-    tracking.experiment_id(client, opts.experiment_name, tracking_uri)  # the driver creates the store first
+    experiment_id = tracking.experiment_id(client, opts.experiment_name, tracking_uri)  # the driver creates the store first
     pairs = represent.draw_pairs(opts.represent_pairs) if opts.represent_pairs > 0 else None  # the same for every run
     results = []
     for i, (variant, cfg) in enumerate(configs.items(), 1):
@@ -89,6 +89,7 @@ def run(opts: AblationOptions) -> AblationResult:
                                                                          variant)
         results.append(VariantResult(variant, done.run_id, done.status, sweep_run, sweep_status, represent_status))
     print(_summary(opts, tracking_uri, results))
+    print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
 
 
@@ -143,9 +144,7 @@ def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResu
         sweep += f"; representation {r.represent_status}" if r.represent_status else ""
         lines.append(f"  {r.variant:<16} pretraining {r.pretraining_run} {r.pretraining_status}{sweep}")
     lines += [f"tables and figures: python -m analysis.report --experiment {opts.experiment_name} "
-              f"--tracking-uri {tracking_uri} --out report-{opts.experiment_name}",
-              f"compare in the UI:  mlflow ui --backend-store-uri {tracking_uri}   (experiment "
-              f"{opts.experiment_name}: select the runs, then Compare)"]
+              f"--tracking-uri {tracking_uri} --out report-{opts.experiment_name}"]
     return "\n".join(lines)
 
 

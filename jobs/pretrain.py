@@ -74,7 +74,8 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     with tracking.ending_run(client, run_id):
         checkpoint_path = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
         _finish(client, run_id, cfg, stream, checkpoint_path)
-    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint_path}\nopen the UI:   {tracking.ui_command(tracking_uri)}")
+    print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint_path}\n"
+          + tracking.ui_links(tracking_uri, experiment_id, run_id))
     return PretrainResult(run_id, run_name, checkpoint_path, tracking_uri, "FINISHED")
 
 

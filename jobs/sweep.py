@@ -321,7 +321,7 @@ def run(opts: SweepOptions) -> SweepResult:
         results = _tune(opts, plan, tracking_uri, experiment_id, run_id)
         out = _tabulate(results, plan.encoded, opts.seeds)
         _log_tables(client, run_id, out)
-    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\nopen the UI:          {tracking.ui_command(tracking_uri)}")
+    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n" + tracking.ui_links(tracking_uri, experiment_id, run_id))
     return SweepResult(run_id, out.trials, out.summary, out.best, out.table, out.markdown)
 
 

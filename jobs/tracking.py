@@ -8,10 +8,12 @@ so a store relative to the working directory would vanish with it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -113,8 +115,41 @@ def ending_run(client: MlflowClient, run_id: str):
     end_run(client, run_id, ok=True)
 
 
-def ui_command(tracking_uri: str) -> str:
-    return f"mlflow ui --backend-store-uri {tracking_uri}   (then http://127.0.0.1:5000)"
+UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def ui_base(tracking_uri: str) -> str:
+    """The UI's address: the tracking server itself, or a local `mlflow ui` over a file/database store."""
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_ADDRESS
+
+
+def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's runs table. MLflow 3 opens an experiment on its GenAI overview page (traces,
+    all empty here), so every job links the runs table directly."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs"
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def compare_url(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> str:
+    query = urllib.parse.urlencode({"runs": json.dumps(run_ids), "experiments": json.dumps([experiment_id])},
+                                   quote_via=urllib.parse.quote)
+    return f"{ui_base(tracking_uri)}/#/compare-runs?{query}"
+
+
+def ui_links(tracking_uri: str, experiment_id: str, run_id: str | None = None, compare: list[str] = ()) -> str:
+    """What a job prints at its end: how to start the UI (for a local store) and direct links to the
+    run, its experiment's runs table and, for several runs, the compare view."""
+    lines = [] if tracking_uri.startswith(("http://", "https://")) else [
+        f"start the UI:  mlflow ui --backend-store-uri {tracking_uri}   (then open a link below)"]
+    if run_id:
+        lines.append(f"this run:      {run_url(tracking_uri, experiment_id, run_id)}")
+    lines.append(f"runs table:    {runs_table_url(tracking_uri, experiment_id)}")
+    if len(compare) > 1:
+        lines.append(f"compare runs:  {compare_url(tracking_uri, experiment_id, list(compare))}")
+    return "\n".join(lines)
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:

@@ -1,9 +1,9 @@
-"""The MLflow UI lines up an ablation study: the compare-runs page, rendered by headless Chromium, lists
-both variant runs. Needs Debian's `chromium` (CI: `apt-get install -y chromium`); without it this FAILS."""
+"""The MLflow UI pages the jobs link to, rendered by headless Chromium: the experiment's runs table
+lists the runs, and the compare view of an ablation study lists both variant runs. Needs Debian's
+`chromium` (tests/system_packages.sh installs it); without it this FAILS."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -11,14 +11,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jobs.tracking import experiment_id
+from jobs.tracking import compare_url, experiment_id, run_url, runs_table_url
 
 INSTALL = "apt-get update && apt-get install -y chromium"
 # DESIGN.md: the flags Debian's chromium needs to render headless in a container.
@@ -85,9 +84,13 @@ def test_compare_runs_page_lists_both_variant_runs(tmp_path):
         wait_for_health(base, server, log)
         raw = urllib.request.urlopen(base, timeout=10).read().decode()
         assert names["cocolm"] not in raw  # the names can only come from the rendered JS app
-        query = urllib.parse.urlencode({"runs": json.dumps(run_ids), "experiments": json.dumps([exp])},
-                                       quote_via=urllib.parse.quote)
-        dom = rendered_dom(chromium, f"{base}/#/compare-runs?{query}", tmp_path / "chromium-profile")
+        # The page a user lands on from a job's printed link: the runs table (MLflow 3 opens an
+        # experiment on an empty GenAI overview otherwise), listing both runs.
+        table = rendered_dom(chromium, runs_table_url(base, exp), tmp_path / "chromium-profile")
+        for name in names.values():
+            assert name in table, f"run {name} not in the rendered runs table"
+        assert run_url(base, exp, run_ids[0]).startswith(runs_table_url(base, exp))
+        dom = rendered_dom(chromium, compare_url(base, exp, run_ids), tmp_path / "chromium-profile")
         assert "Comparing 2 Runs" in dom, dom[-3000:]
         for name in names.values():
             assert name in dom, f"run {name} not on the rendered compare page"
