@@ -12,6 +12,8 @@ finished sweep) and writes:
     fig7_scl_cosine.png         mean cosine of positive (7a) and negative (7b) SCL pairs during pretraining
     fig1_cls_cosine.png         [CLS] cosine histograms, random vs similar pairs (when jobs.represent ran)
     representation.{csv,md}     the representation summary metrics per variant (idem)
+    pretraining_metrics.{csv,md} last pretraining metrics per variant: the ones comparable across
+                                variants first (jobs.tracking.COMPARABLE_METRICS), `loss` last
 
 A value that was never measured is missing ("-" in markdown, empty in CSV), never 0; a difference is
 missing when either side is. AVG is the GLUE average (MNLI-m for MNLI, MNLI-mm not averaged) when the
@@ -33,6 +35,7 @@ import pandas as pd
 from analysis.medians import GLUE_TARGETS
 from analysis.runs import (REPRESENT_ARTIFACT, REPRESENT_METRICS, experiment_ids, histories, latest_per_variant,
                            pretraining_runs, sweep_scores)
+from jobs.tracking import COMPARABLE_METRICS, NOT_COMPARABLE
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -202,7 +205,36 @@ def build(client, experiment: str | None, out: Path) -> Report:
         made = curves_figure(hist, labels, panels, title, out / f"{name}.png")
         files += [made] if made else []
     files += _representation(client, runs, out)
+    files += pretraining_table(runs, out)
     return Report(out, table, ablation, files)
+
+
+def pretraining_table(runs: pd.DataFrame, out: Path) -> list[Path]:
+    """The last value of each pretraining metric per variant: the ones comparable across variants
+    first, `loss` last with a note (each variant sums different terms). A metric a variant does not
+    compute is missing, never 0."""
+    if runs.empty:
+        return []
+    keys = [k for k in (*COMPARABLE_METRICS, *NOT_COMPARABLE) if f"metrics.{k}" in runs]
+    table = runs[["variant", *[f"metrics.{k}" for k in keys]]].rename(columns=lambda c: c.removeprefix("metrics."))
+    table.to_csv(out / "pretraining_metrics.csv", index=False)
+    shown = table.rename(columns={k: f"{k} (not comparable)" for k in NOT_COMPARABLE})
+    note = ("Pretraining, last logged value per variant. Compare accuracies, loss parts and representation "
+            "metrics across variants; `loss` is each variant's own weighted sum of different terms.\n\n")
+    (out / "pretraining_metrics.md").write_text(note + plain_markdown(shown))
+    return [out / "pretraining_metrics.csv", out / "pretraining_metrics.md"]
+
+
+def plain_markdown(df: pd.DataFrame) -> str:
+    """A markdown table with 4 decimals, missing values as '-'."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return "-" if np.isnan(value) else f"{value:.4f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
 
 
 def _representation(client, runs: pd.DataFrame, out: Path) -> list[Path]:

@@ -89,6 +89,7 @@ def run(opts: AblationOptions) -> AblationResult:
                                                                          variant)
         results.append(VariantResult(variant, done.run_id, done.status, sweep_run, sweep_status, represent_status))
     print(_summary(opts, tracking_uri, results))
+    print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
 
@@ -145,6 +146,20 @@ def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResu
         lines.append(f"  {r.variant:<16} pretraining {r.pretraining_run} {r.pretraining_status}{sweep}")
     lines += [f"tables and figures: python -m analysis.report --experiment {opts.experiment_name} "
               f"--tracking-uri {tracking_uri} --out report-{opts.experiment_name}"]
+    return "\n".join(lines)
+
+
+def comparable_metrics(client, results: list[VariantResult]) -> str:
+    """Each variant's last pretraining metrics that mean the same in every variant, then its `loss`,
+    which does not (each variant sums different terms): the numbers to compare first."""
+    from .tracking import COMPARABLE_METRICS
+
+    lines = ["pretraining metrics comparable across variants (last values; `loss` is each variant's own sum):"]
+    for r in results:
+        metrics = client.get_run(r.pretraining_run).data.metrics
+        shown = "  ".join(f"{k} {metrics[k]:.3f}" for k in COMPARABLE_METRICS if k in metrics)
+        own = f"  | loss {metrics['loss']:.3f}" if "loss" in metrics else ""
+        lines.append(f"  {r.variant:<16} {shown}{own}")
     return "\n".join(lines)
 
 

@@ -66,6 +66,15 @@ class ClusterConfig:
     workers: int = 1
     gpus_per_worker: float = 0.0
     cpus_per_worker: float = 0.5
+    placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
+
+    def __post_init__(self) -> None:
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"cluster.placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+                             f"not {self.placement_strategy!r}")
+
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 @dataclass(frozen=True)

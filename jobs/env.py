@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 # Quiet and offline by default; a user's own value always wins (setdefault).
 HERMETIC_ENV = {
@@ -11,6 +13,10 @@ HERMETIC_ENV = {
     "HF_HUB_OFFLINE": "1",  # read by huggingface_hub at import: set before importing transformers
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "TOKENIZERS_PARALLELISM": "false",  # Ray already runs one task per (fraction of a) core
+    # Ray's own deprecation warnings (raised inside Ray Train and Ray Data, not by our calls) reach
+    # every user's console through the workers; they are for Ray's developers.
+    "PYTHONWARNINGS": "ignore::DeprecationWarning",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # results go to MLflow: no TensorBoard/CSV loggers, no hint
 }
 
 
@@ -24,9 +30,22 @@ def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
     set_hermetic_env()
     import ray
 
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()  # resources belong to the cluster: passing num_cpus here is an error
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()  # resources belong to the cluster: passing num_cpus here is an error
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
+    quiet_ray_data(sys.stdout.isatty())
+
+
+def quiet_ray_data(interactive: bool) -> None:
+    """Ray Data's progress bars and execution banners on a terminal only. Without one (`ray job
+    submit`, CI, nohup) each bar refresh becomes log lines: a third of a short run's output. Set on
+    the driver before any dataset is made, since a dataset carries a copy of this context to the
+    processes that execute it; the jobs print their own progress lines either way."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = interactive
+    context.print_on_execution_start = interactive
+    logging.getLogger("ray.data").setLevel(logging.INFO if interactive else logging.WARNING)  # tips, plans

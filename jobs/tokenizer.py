@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from jobs.env import init_ray
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4: model.corruption.SpecialTokens
 SPM_FILE = "spm.model"
+PROGRESS_EVERY = 100_000  # sentences between progress lines while the corpus streams in
 INFO_FILE = "training_info.json"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # SentencePiece silently drops training sentences over max_sentence_length (4192 bytes by
@@ -143,6 +145,9 @@ def train_tokenizer(
     """Train SentencePiece BPE on at most `max_sentences` sentences of the corpus; save to `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    say(f"tokenizer: training SentencePiece BPE, vocab {vocab_size}, on up to {max_sentences:,} sentences of "
+        f"{len(paths)} corpus path(s) -> {out_dir}")
     sentences, counter = _training_sentences(paths, max_sentences, sample_fraction, seed, max_record_chars)
     used = 0
 
@@ -150,10 +155,13 @@ def train_tokenizer(
         nonlocal used
         for sentence in sentences:
             used += 1
+            if used % PROGRESS_EVERY == 0:
+                say(f"tokenizer: {used:,} sentences read ({time.perf_counter() - started:.0f} s)")
             yield sentence
 
     _train_spm(counted(), vocab_size, out_dir / SPM_FILE, cased, max_sentences)
     to_fast_tokenizer(out_dir / SPM_FILE, cased).save_pretrained(str(out_dir))
+    say(f"tokenizer: trained on {used:,} sentences in {time.perf_counter() - started:.0f} s")
     summary = skip_summary(counter)  # covers the files read before the sentence cap was reached
     info = {
         "vocab_size": vocab_size, "cased": cased, "model_type": "bpe", "sentences": used,
@@ -163,6 +171,10 @@ def train_tokenizer(
     }
     (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return out_dir
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
 
 
 def cache_dir() -> Path:

@@ -29,7 +29,8 @@ def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_and_seeds(tm
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, tokenizer_dir, tmp_path, monkeypatch):
+def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, tokenizer_dir, tmp_path, monkeypatch,
+                                                                   capsys):
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     grid = tmp_path / "one_point.yaml"
@@ -57,6 +58,11 @@ def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, to
     for v in first.variants:
         assert by_variant[v.variant].data.tags["cocolm.pretraining_run"] == v.pretraining_run
     assert "best/SNLI/median" in by_variant["cocolm"].data.metrics
+    out = capsys.readouterr().out
+    comparable = out[out.index("pretraining metrics comparable across variants"):].splitlines()
+    cocolm_line = next(line for line in comparable if line.strip().startswith("cocolm "))
+    assert "lm_accuracy_replaced" in cocolm_line and cocolm_line.index("copy_accuracy") < cocolm_line.index("| loss")
+    assert "compare runs:" in out and "runs table:" in out  # direct links into the MLflow UI
 
     second = main(argv)
     assert [(v.pretraining_status, v.sweep_status, v.represent_status) for v in second.variants] == [

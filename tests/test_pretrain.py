@@ -100,6 +100,20 @@ def test_bad_config_is_an_error_that_names_the_key(override, message):
         resolve("tiny", "cocolm", [override])
 
 
+def test_the_training_step_reads_train_config_fields_with_the_same_defaults():
+    """model.step.OptimizerConfig (Ray-free, for the bench) is filled from TrainConfig by field name:
+    every one of its fields exists there with the same default, so the bench times the job's recipe."""
+    from dataclasses import fields
+
+    from jobs.config import TrainConfig
+    from model.step import OptimizerConfig
+
+    train = TrainConfig()
+    for f in fields(OptimizerConfig):
+        assert getattr(train, f.name) == f.default, f.name
+    assert resolve("tiny").train.optimizer().peak_lr == resolve("tiny").train.peak_lr
+
+
 def test_unknown_preset_and_variant_are_named():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         resolve("huge")
@@ -341,6 +355,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
     ray_bin = Path(sys.executable).parent / "ray"
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp")}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_DATA_DISABLE_PROGRESS_BARS", None)  # as a user's shell has it: the job must quiet Ray Data itself
     subprocess.run([ray_bin, "start", "--head", "--num-cpus", "2", "--disable-usage-stats"], env=env, check=True,
                    capture_output=True)
     try:
@@ -358,8 +373,62 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         logs = subprocess.run([ray_bin, "job", "logs", "--address", "http://127.0.0.1:8265", job_id], env=env,
                               capture_output=True, text=True, check=True)
         assert "step 10/10" in logs.stdout
+        # Without a terminal: our progress lines, no progress-bar frames or tips.
+        for noise in ("row/s]", "Tip:", "TensorBoard"):
+            assert noise not in logs.stdout, noise
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True)
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     (finished,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
     assert finished.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+@pytest.mark.ray_cluster
+@pytest.mark.timeout(900)
+def test_losing_a_node_resumes_from_the_last_checkpoint_once_a_replacement_joins(tokenizer_dir, home, monkeypatch):
+    """Two workers on two worker nodes of a simulated cluster (ray.cluster_utils.Cluster: a head with
+    no CPUs for work, two 1-CPU worker nodes); one node dies right after the first checkpoint. Ray
+    Train restarts the worker group once a replacement node has joined (STRICT_SPREAD needs two
+    nodes), the loop resumes from that checkpoint, and the run finishes in the same MLflow run."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # the suite's local Ray; this test joins a cluster of its own (ray_cluster: runs last)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    storage = home / "ray_results"
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=10", "cluster.workers=2",
+               "cluster.placement_strategy=STRICT_SPREAD", "train.max_failures=3")
+    events = []
+
+    def kill_a_node_after_the_first_checkpoint() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not list(storage.glob("*/checkpoint_step_00000010/state.json")):
+            time.sleep(0.5)
+        cluster.remove_node(nodes[1], allow_graceful=False)  # as a lost machine: no goodbye
+        events.append("removed")
+        time.sleep(5)
+        cluster.add_node(num_cpus=1)  # the replacement an autoscaler would start
+        events.append("replaced")
+
+    killer = threading.Thread(target=kill_a_node_after_the_first_checkpoint, daemon=True)
+    killer.start()
+    try:
+        result = run(cfg, name="node-loss")
+    finally:
+        killer.join(timeout=60)
+        ray.shutdown()
+        cluster.shutdown()
+    assert events == ["removed", "replaced"]
+    client = MlflowClient(result.tracking_uri)
+    mlflow_run = client.get_run(result.run_id)
+    assert result.status == "FINISHED" and mlflow_run.info.status == "FINISHED"
+    assert result.checkpoint.endswith("checkpoint_step_00000020")
+    assert len(client.search_runs([mlflow_run.info.experiment_id])) == 1  # the same MLflow run throughout
+    steps = [s for s, _ in history(client, result.run_id, "loss")]
+    assert steps[-1] == 20 and set(steps) == {5, 10, 15, 20}  # at most the interval after step 10 was redone

@@ -84,6 +84,19 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     assert not (tmp_path / "out" / "fig1_cls_cosine.png").exists()  # jobs.represent never ran here
 
 
+def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):
+    uri, client, runs = store
+    for variant, loss in (("cocolm", 39.0), ("rtd_only", 26.2)):  # the reported case: different sums
+        client.log_metric(runs[variant], "loss", loss)
+    build(client, "ablation-tiny", tmp_path / "out")
+    table = pd.read_csv(tmp_path / "out" / "pretraining_metrics.csv").set_index("variant")
+    assert list(table.columns)[-1] == "loss" and list(table.columns)[0] == "copy_accuracy_replaced"
+    assert table.loc["cocolm", "copy_accuracy_replaced"] == pytest.approx(0.5)
+    assert np.isnan(table.loc["rtd_only", "lm_accuracy_replaced"])  # rtd_only has no LM head: missing, not 0
+    markdown = (tmp_path / "out" / "pretraining_metrics.md").read_text()
+    assert "loss (not comparable)" in markdown and "`loss` is each variant's own weighted sum" in markdown
+
+
 def test_an_ablation_without_baseline_or_sweeps_has_missing_differences():
     runs = pd.DataFrame({"preset": ["tiny", "small"], "variant": ["rtd_only", "cocolm"], "run_name": ["a", "b"],
                          "run_id": ["1", "2"]})

@@ -68,14 +68,19 @@ def test_fast_tokenizer_matches_sentencepiece_on_real_text(tokenizer_dir):
     assert [tok(d, add_special_tokens=False)["input_ids"] for d in documents] == sp.encode(documents)
 
 
-def test_cli_trains_cased_and_logs_the_directory_to_mlflow(ray_local, tmp_path):
+def test_cli_trains_cased_and_logs_the_directory_to_mlflow(ray_local, tmp_path, capsys, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from jobs.tokenizer import main
+    import jobs.tokenizer as tokenizer_job
 
+    monkeypatch.setattr(tokenizer_job, "PROGRESS_EVERY", 50)
     corpus, out, db = _small_corpus(tmp_path / "corpus"), tmp_path / "tok", tmp_path / "mlruns" / "mlflow.db"
-    main(["--corpus", str(corpus), "--vocab-size", "300", "--out", str(out), "--cased",
-          "--tracking-uri", f"sqlite:///{db}"])
+    tokenizer_job.main(["--corpus", str(corpus), "--vocab-size", "300", "--out", str(out), "--cased",
+                        "--tracking-uri", f"sqlite:///{db}"])
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokenizer: ")]
+    assert progress[0].startswith("tokenizer: training SentencePiece BPE, vocab 300")  # no longer silent
+    assert any(line.endswith(" s)") and "sentences read" in line for line in progress)
+    assert any(line.startswith("tokenizer: trained on ") for line in progress)
     tok = _load(out)
     assert tok.decode(tok("Emma Woodhouse")["input_ids"], skip_special_tokens=True) == "Emma Woodhouse"
     info = json.loads((out / "training_info.json").read_text())
