@@ -137,5 +137,20 @@ def sample_replacements(logits: torch.Tensor, generator: torch.Generator | None 
 def random_replacements(
     count: int, vocab_size: int, device: torch.device, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """The `random_replace` ablation: uniform tokens over the vocabulary instead of auxiliary samples."""
-    return torch.randint(0, vocab_size, (count,), device=device, generator=generator)
+    """The `random_replace` ablation: tokens drawn uniformly from the regular vocabulary instead of
+    auxiliary samples. Never a special token ([PAD], [UNK], [CLS], [SEP], [MASK]: ids 0-4): an
+    auxiliary never proposes those for a real word either, and a [PAD] or [SEP] inside a sequence
+    would change what the main encoder reads beyond one replaced word."""
+    first_regular = SpecialTokens.mask + 1
+    return torch.randint(first_regular, vocab_size, (count,), device=device, generator=generator)
+
+
+def bert_mask_inputs(
+    targets: torch.Tensor, vocab_size: int, generator: torch.Generator | None = None,
+    mask_id: int = SpecialTokens.mask,
+) -> torch.Tensor:
+    """BERT's and RoBERTa's input at the chosen positions (the `roberta_mlm` baseline): 80% [MASK],
+    10% a random regular token, 10% the original token; the MLM loss is taken at all of them. (N,)"""
+    u = torch.rand(targets.shape, device=targets.device, generator=generator)
+    random_tokens = random_replacements(targets.numel(), vocab_size, targets.device, generator)
+    return torch.where(u < 0.8, torch.full_like(targets, mask_id), torch.where(u < 0.9, random_tokens, targets))

@@ -15,7 +15,7 @@ from torch import nn
 
 from . import losses
 from .config import ModelConfig, ObjectiveConfig
-from .corruption import random_replacements, sample_replacements
+from .corruption import bert_mask_inputs, random_replacements, sample_replacements
 from .encoder import Encoder
 from .heads import CLMHead, CopyHead, MLMHead, SCLHead
 
@@ -117,7 +117,7 @@ class PretrainingObjective(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> PretrainingOutput:
         if self.cfg.replacement == "none":
-            return self._roberta_mlm(batch)
+            return self._roberta_mlm(batch, generator)
         out = PretrainingOutput(loss=torch.zeros((), device=batch["input_ids"].device))
         index = masked_index(batch["mask_positions"])  # M as flat indices: the step's one host wait
         corrupted = self._corrupt(batch, index, out, generator)  # x_mlm, (B, T)
@@ -208,11 +208,14 @@ class PretrainingObjective(nn.Module):
         with torch.no_grad():
             out.scl_positive_cosine, out.scl_negative_cosine = losses.scl_cosines(s_mlm, s_crop)
 
-    def _roberta_mlm(self, batch: dict[str, torch.Tensor]) -> PretrainingOutput:
-        """Baseline: the main encoder reads the [MASK]ed input and is trained by plain MLM."""
+    def _roberta_mlm(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None) -> PretrainingOutput:
+        """Baseline: RoBERTa's MLM. The main encoder reads the chosen positions as 80% [MASK], 10% random
+        regular tokens, 10% unchanged, and is trained by plain MLM at all of them."""
         index = masked_index(batch["mask_positions"])
-        targets = take(batch["input_ids"], index)
-        h = self.main(batch["masked_ids"], batch["attention_mask"])
+        x_orig = batch["input_ids"]
+        targets = take(x_orig, index)
+        inputs = bert_mask_inputs(targets, self.main.cfg.vocab_size, generator)
+        h = self.main(x_orig.flatten().index_copy(0, index, inputs).view_as(x_orig), batch["attention_mask"])
         logits = self.mlm_head(take(h, index))  # (N, V)
         loss = losses.mlm_loss(logits, targets)
         with torch.no_grad():

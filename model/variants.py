@@ -36,8 +36,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("no_rel_pos", "COCO-LM without the relative position bias", model={"relative_position": False}),
         Variant("electra_aux", "ELECTRA's auxiliary: full depth, 1/3 width, embeddings through a projection",
                 model=_ELECTRA_AUX),
-        Variant("random_replace", "uniform random replacements instead of auxiliary samples",
-                objective={"replacement": "random"}),
+        Variant("random_replace", "Table 3 'w. Random Replacements': uniform random regular tokens instead of "
+                "auxiliary samples", objective={"replacement": "random"}),
         Variant("converged_aux", "auxiliary loaded from a finished run and frozen (the job loads it)",
                 objective={"freeze_aux": True}),
         Variant("all_token_lm", "ELECTRA's All-Token MLM: LM on every position through the copy mixture, "
@@ -48,7 +48,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("clm_no_stopgrad", "the LM loss also moves the copy head", objective={"lm_stop_gradient": False}),
         *(Variant(f"crop_{f}", f"COCO-LM with crop fraction {f}", data={"crop_fraction": float(f)})
           for f in ("0.7", "0.8", "0.9", "1.0")),
-        Variant("roberta_mlm", "baseline: the main encoder trained by plain MLM on [MASK]ed input, no auxiliary",
+        Variant("roberta_mlm", "baseline (Table 1 RoBERTa): the main encoder trained by MLM on its 15% chosen "
+                "positions read as 80% [MASK], 10% random, 10% unchanged; no auxiliary",
                 objective={"replacement": "none", "use_copy_loss": False, "use_lm": False, "use_scl": False}),
         Variant("electra", "baseline: rtd_only with ELECTRA's auxiliary", objective=_RTD, model=_ELECTRA_AUX),
     ]

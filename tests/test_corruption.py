@@ -12,6 +12,7 @@ from model.corruption import (
     crop_window,
     make_pretraining_batch,
     mask_count,
+    bert_mask_inputs,
     random_replacements,
     sample_replacements,
 )
@@ -119,10 +120,22 @@ def test_replacements_follow_the_softmax():
     assert torch.allclose(freq, torch.tensor([0.25, 0.75, 0.0]), atol=0.015)
 
 
-def test_random_replacements_are_uniform():
-    drawn = random_replacements(50000, 10, torch.device("cpu"), torch.Generator().manual_seed(10))
-    freq = torch.bincount(drawn, minlength=10).float() / drawn.numel()
-    assert torch.allclose(freq, torch.full((10,), 0.1), atol=0.01)
+def test_random_replacements_are_uniform_over_regular_tokens_only():
+    drawn = random_replacements(50000, 15, torch.device("cpu"), torch.Generator().manual_seed(10))
+    freq = torch.bincount(drawn, minlength=15).float() / drawn.numel()
+    assert (freq[: S.mask + 1] == 0).all()  # never [PAD], [UNK], [CLS], [SEP] or [MASK]
+    assert torch.allclose(freq[S.mask + 1:], torch.full((10,), 0.1), atol=0.01)
+
+
+def test_bert_mask_inputs_are_80_percent_mask_10_random_10_unchanged():
+    targets = torch.randint(S.mask + 1, 1000, (60000,), generator=torch.Generator().manual_seed(3))
+    inputs = bert_mask_inputs(targets, 1000, torch.Generator().manual_seed(4))
+    masked = inputs == S.mask
+    kept = inputs == targets
+    random = ~masked & ~kept
+    assert abs(masked.float().mean() - 0.8) < 0.01 and abs(kept.float().mean() - 0.1) < 0.01
+    assert abs(random.float().mean() - 0.1) < 0.01  # (a random draw equal to the target counts as kept: 0.1%)
+    assert (inputs[random] > S.mask).all()  # random replacements are regular tokens
 
 
 def test_sampling_survives_non_finite_logits():

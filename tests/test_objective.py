@@ -174,3 +174,28 @@ def test_a_training_step_makes_the_host_wait_once(name):
     with HostWaits() as waits:
         model(batch).loss.backward()
     assert waits.seen == ["aten.nonzero.default"] * (2 if name == "all_token_lm" else 1)
+
+
+def test_roberta_mlm_reads_80_10_10_inputs_and_is_trained_at_every_chosen_position():
+    """RoBERTa's baseline as RoBERTa defines it: the chosen 15% are [MASK] 80%, a random token 10%,
+    unchanged 10% in the encoder's input, and the MLM loss covers all of them."""
+    from model import ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size, variant
+    from model.corruption import SpecialTokens
+
+    model_cfg, objective_cfg = variant("roberta_mlm").apply(model_size("tiny", vocab_size=300), ObjectiveConfig())
+    torch.manual_seed(0)
+    model = build_pretraining_model(model_cfg, objective_cfg).eval()  # no dropout: the loss can be recomputed
+    ids = torch.randint(5, 300, (16, 128), generator=torch.Generator().manual_seed(1))
+    ids[:, 0] = SpecialTokens.cls
+    batch = make_pretraining_batch(ids, generator=torch.Generator().manual_seed(2))
+    seen = {}
+    model.main.register_forward_pre_hook(lambda module, args: seen.setdefault("input", args[0]))
+    out = model(batch, generator=torch.Generator().manual_seed(3))
+    chosen = batch["mask_positions"]
+    read = seen["input"][chosen]
+    original = batch["input_ids"][chosen]
+    assert torch.equal(seen["input"][~chosen], batch["input_ids"][~chosen])  # only the chosen positions change
+    masked, kept = (read == SpecialTokens.mask).float().mean(), (read == original).float().mean()
+    assert 0.7 < masked < 0.9 and 0.04 < kept < 0.17 and (read[(read != original) & (read != SpecialTokens.mask)] > 4).all()
+    logits = model.mlm_head(model.main(seen["input"], batch["attention_mask"])[chosen])
+    torch.testing.assert_close(out.mlm_loss, torch.nn.functional.cross_entropy(logits, original))
