@@ -122,6 +122,7 @@ class ObjectiveConfig:
     replacement: str = "auxiliary"  # auxiliary | random | none (roberta_mlm: the main encoder reads [MASK]s)
     sample_in_eval: bool = True  # dropout-free no-grad sampling pass; False reuses the train-mode logits
     freeze_aux: bool = False  # converged_aux: the auxiliary is loaded from a finished run and not trained
+    electra_head: bool = False  # the electra baseline: ELECTRA's dense + GELU + dense(1) head as the copy head
 
     def __post_init__(self) -> None:
         if self.replacement not in ("auxiliary", "random", "none"):

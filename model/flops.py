@@ -49,7 +49,8 @@ def step_flops(
         sampling = aux_pass if (objective.sample_in_eval or objective.freeze_aux) else 0
         total += trained + sampling
     lm_positions = seq_len if objective.lm_all_tokens else masked
-    main_pass = encoder_forward_flops(main, seq_len) + 2 * seq_len * main.hidden_size  # + copy head
+    copy_head = 2 * main.hidden_size * (main.hidden_size + 1) if objective.electra_head else 2 * main.hidden_size
+    main_pass = encoder_forward_flops(main, seq_len) + seq_len * copy_head
     if objective.use_lm:
         main_pass += 2 * lm_positions * main.hidden_size * main.vocab_size
     total += 3 * main_pass
@@ -94,7 +95,7 @@ def electra_peer_step_flops(model: ModelConfig, seq_len: int, batch_size: int, m
     """ELECTRA's step: generator (our auxiliary's dimensions) with its MLM head at the masked positions
     and discriminator (the main encoder's) with ELECTRA's RTD head, dense H -> H then H -> 1, on every
     position; both trained. No separate sampling pass: ELECTRA samples from the generator's train-mode
-    logits. Equals `step_flops` for rtd_only with sample_in_eval=False, plus the RTD head's dense layer."""
+    logits. Equals `step_flops` of our `electra` baseline, which is built the same way."""
     generator, discriminator = model.aux, model.main
     h = discriminator.hidden_size
     generator_pass = encoder_forward_flops(generator, seq_len) + mlm_head_flops(generator, mask_rate * seq_len)

@@ -38,6 +38,20 @@ class CopyHead(nn.Module):
         return self.linear(h).squeeze(-1)  # (..., T)
 
 
+class ElectraDiscriminatorHead(nn.Module):
+    """ELECTRA's discriminator head, for the `electra` baseline: dense H -> H, GELU, dense H -> 1. Its
+    logit is read as the copy head's (original vs replaced; ELECTRA's label is the flip, same loss)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.prediction = nn.Linear(hidden_size, 1)
+        self.apply(init_weights)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.prediction(F.gelu(self.dense(h))).squeeze(-1)  # (..., T)
+
+
 class CLMHead(nn.Module):
     """CLM language-model head: logits = h . E^T + b, shared embeddings, no dense or LayerNorm."""
 

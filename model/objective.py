@@ -17,7 +17,7 @@ from . import losses
 from .config import ModelConfig, ObjectiveConfig
 from .corruption import bert_mask_inputs, random_replacements, sample_replacements
 from .encoder import Encoder
-from .heads import CLMHead, CopyHead, MLMHead, SCLHead
+from .heads import CLMHead, CopyHead, ElectraDiscriminatorHead, MLMHead, SCLHead
 
 
 class AuxiliaryModel(nn.Module):
@@ -107,7 +107,7 @@ class PretrainingObjective(nn.Module):
         if cfg.replacement == "none":
             self.mlm_head = MLMHead(hidden, tokens, main.cfg.layer_norm_eps)
         else:
-            self.copy_head = CopyHead(hidden)
+            self.copy_head = ElectraDiscriminatorHead(hidden) if cfg.electra_head else CopyHead(hidden)
             self.clm_head = CLMHead(tokens) if cfg.use_lm else None
         self.scl_head = SCLHead(hidden, main.cfg.layer_norm_eps) if cfg.use_scl else None
         if cfg.replacement == "auxiliary" and aux is None:

@@ -66,7 +66,7 @@ def test_peer_flop_counts_match_torchs_count(peer, variant):
     assert count == pytest.approx(counted, rel=1e-9)
 
 
-@pytest.mark.parametrize("variant", ["cocolm", "roberta_mlm", "rtd_only"])
+@pytest.mark.parametrize("variant", ["cocolm", "roberta_mlm", "rtd_only", "electra"])
 def test_our_flop_count_matches_torchs_count(variant):
     """Ours by the same rules as the peers, so the ratio of MFUs compares like with like."""
     model_cfg, objective_cfg, crop_fraction = bench_config("tiny", variant)
@@ -106,3 +106,13 @@ def test_targets_are_judged_against_the_issue_goals():
     paper = targets(result(3.0e14, 0.30), result(2.9e14, 0.29), attention_dropout=0.1).splitlines()
     assert paper[0] == "target MFU ours/hf-electra >= 1.0x (attention dropout 0.1): 1.03x (met)"
     assert not any("step MFU" in line for line in paper)  # the MFU goal is for the fast setting
+
+
+def test_our_electra_baseline_does_the_electra_peers_work():
+    """The electra variant is ELECTRA's step (train-mode sampling, no extra sampling pass, ELECTRA's
+    head), so its FLOP count is the transformers ELECTRA peer's to the FLOP."""
+    from model.flops import electra_peer_step_flops
+
+    model_cfg, objective_cfg, crop_fraction = bench_config("base", "electra")
+    assert step_flops(model_cfg, objective_cfg, 512, 32, crop_fraction=crop_fraction) == pytest.approx(
+        electra_peer_step_flops(model_cfg, 512, 32), rel=1e-12)

@@ -53,10 +53,16 @@ def test_main_losses_do_not_reach_the_auxiliary():
     main_losses = out.clm_loss + out.scl_loss
     assert all(torch.count_nonzero(g) == 0 for g in grads(main_losses, aux_only))
     assert any(torch.count_nonzero(g) > 0 for g in grads(out.aux_mlm_loss, aux_only))
-    # The shared token embeddings learn from both models.
-    tokens = [model.main.embeddings.tokens.weight]
-    assert torch.count_nonzero(grads(main_losses, tokens)[0]) > 0
-    assert torch.count_nonzero(grads(out.aux_mlm_loss, tokens)[0]) > 0
+    # The whole embedding block is shared (token and absolute position embeddings and the embedding
+    # LayerNorm, as in the authors' code), one set of parameters, learning from both models.
+    embeddings = model.main.embeddings
+    assert model.aux.encoder.embeddings is embeddings
+    shared_params = [embeddings.tokens.weight, embeddings.positions.weight, embeddings.norm.weight, embeddings.norm.bias]
+    aux_params = {id(p) for p in model.aux.parameters()}
+    assert all(id(p) in aux_params for p in shared_params)
+    for name, main_grad, aux_grad in zip(["tokens", "positions", "norm.weight", "norm.bias"],
+                                         grads(main_losses, shared_params), grads(out.aux_mlm_loss, shared_params)):
+        assert torch.count_nonzero(main_grad) > 0 and torch.count_nonzero(aux_grad) > 0, name
 
 
 def test_scl_gradient_flows_through_both_views():
@@ -199,3 +205,87 @@ def test_roberta_mlm_reads_80_10_10_inputs_and_is_trained_at_every_chosen_positi
     assert 0.7 < masked < 0.9 and 0.04 < kept < 0.17 and (read[(read != original) & (read != SpecialTokens.mask)] > 4).all()
     logits = model.mlm_head(model.main(seen["input"], batch["attention_mask"])[chosen])
     torch.testing.assert_close(out.mlm_loss, torch.nn.functional.cross_entropy(logits, original))
+
+
+# What each variant means, written out from the paper (Table 3 rows, Table 1 baselines) rather than
+# read back from model/variants.py: which losses exist, whether SCL runs, where the LM loss is taken,
+# where replacements come from and which pass the sampling reads.
+MEANING = {  # variant: (losses present, SCL runs, LM on every token, replacements, sampling logits)
+    "cocolm": ({"aux_mlm", "copy", "lm", "scl"}, True, False, "auxiliary", "eval"),
+    "rtd_only": ({"aux_mlm", "copy"}, False, False, "auxiliary", "eval"),
+    "clm_only": ({"aux_mlm", "copy", "lm"}, False, False, "auxiliary", "eval"),
+    "scl_rtd": ({"aux_mlm", "copy", "scl"}, True, False, "auxiliary", "eval"),
+    "no_rel_pos": ({"aux_mlm", "copy", "lm", "scl"}, True, False, "auxiliary", "eval"),
+    "electra_aux": ({"aux_mlm", "copy", "lm", "scl"}, True, False, "auxiliary", "eval"),
+    "random_replace": ({"copy", "lm", "scl"}, True, False, "random", None),
+    "all_token_lm": ({"aux_mlm", "lm"}, False, True, "auxiliary", "eval"),
+    "clm_no_copy": ({"aux_mlm", "copy", "lm"}, False, False, "auxiliary", "eval"),
+    "clm_no_stopgrad": ({"aux_mlm", "copy", "lm"}, False, False, "auxiliary", "eval"),
+    "cocolm_no_copy": ({"aux_mlm", "copy", "lm", "scl"}, True, False, "auxiliary", "eval"),
+    "cocolm_no_stopgrad": ({"aux_mlm", "copy", "lm", "scl"}, True, False, "auxiliary", "eval"),
+    "roberta_mlm": ({"mlm"}, False, False, "none", None),
+    "electra": ({"aux_mlm", "copy"}, False, False, "auxiliary", "train"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEANING))
+def test_each_variant_computes_what_the_paper_defines(name, monkeypatch):
+    import model.objective as objective_module
+
+    losses_present, scl_runs, lm_everywhere, replacement, sampling = MEANING[name]
+    model = build(name).train()  # dropout on: train-mode and eval-mode logits differ
+    batch = fixed_batch()
+    sampled_from, draws, aux_outputs, main_inputs = [], [], [], []
+    original_sample = objective_module.sample_replacements
+
+    def recording_sample(logits, generator=None):
+        sampled_from.append(logits)
+        draws.append(original_sample(logits, generator))
+        return draws[-1]
+
+    monkeypatch.setattr(objective_module, "sample_replacements", recording_sample)
+    if model.aux is not None:
+        model.aux.register_forward_hook(lambda module, args, out: aux_outputs.append((module.training, out)))
+    model.main.register_forward_pre_hook(lambda module, args: main_inputs.append(args[0]))
+    lm_rows = []
+    if getattr(model, "clm_head", None) is not None:
+        model.clm_head.register_forward_hook(lambda module, args, out: lm_rows.append(out.shape[0]) and None)
+    torch.manual_seed(5)
+    out = model(batch, torch.Generator().manual_seed(1))
+
+    parts = {"aux_mlm": out.aux_mlm_loss, "copy": out.copy_loss, "lm": out.lm_loss, "scl": out.scl_loss,
+             "mlm": out.mlm_loss}
+    assert {k for k, v in parts.items() if v is not None} == losses_present
+    assert len(main_inputs) == (2 if scl_runs else 1)  # SCL encodes the crop view in a second pass
+    if scl_runs:
+        assert torch.equal(main_inputs[1], batch["crop_ids"])  # the clean crop, not a corrupted one
+    if "lm" in losses_present:
+        expected = batch["attention_mask"].sum() if lm_everywhere else batch["mask_positions"].sum()
+        assert lm_rows == [expected]  # the vocabulary projection runs exactly where the LM loss is taken
+    if replacement == "none":
+        assert sampled_from == [] and model.aux is None
+        return
+    x_mlm = main_inputs[0]
+    chosen = batch["mask_positions"]
+    assert torch.equal(x_mlm[~chosen], batch["input_ids"][~chosen])  # only M is replaced
+    if replacement == "random":
+        assert sampled_from == [] and model.aux is None
+        assert (x_mlm[chosen] > SpecialTokens.mask).all()  # uniform over regular tokens only
+        return
+    (logits,) = sampled_from
+    assert torch.equal(x_mlm[chosen], draws[0])  # M holds the auxiliary's samples
+    if sampling == "eval":  # the paper's dropout-free sampling pass (section 3.3): a separate eval-mode pass
+        assert [training for training, _ in aux_outputs] == [True, False]
+        torch.testing.assert_close(logits, aux_outputs[1][1])
+        with torch.no_grad():
+            model.aux.eval()
+            reference = model.aux(batch["masked_ids"], batch["attention_mask"], masked_index(chosen))
+        torch.testing.assert_close(logits, reference)  # exactly the dropout-free logits
+        assert not torch.allclose(logits, aux_outputs[0][1])  # not the train-mode ones
+    else:  # ELECTRA samples from the generator's train-mode logits: no second pass
+        assert [training for training, _ in aux_outputs] == [True]
+        torch.testing.assert_close(logits, aux_outputs[0][1].detach())
+
+
+def test_every_variant_has_a_written_out_meaning():
+    assert set(MEANING) | {f"crop_{f}" for f in ("0.7", "0.8", "0.9", "1.0")} | {"converged_aux"} == set(VARIANTS)
