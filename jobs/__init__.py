@@ -1,2 +1,10 @@
 """What runs on Ray: the Ray Data stream, the Ray Train loop, the Ray Tune sweep, tokenizer
-training, MLflow tracking and the command-line entry points (`python -m jobs.<name>`)."""
+training, MLflow tracking and the command-line entry points (`python -m jobs.<name>`).
+
+Importing the package sets the hermetic environment (`jobs.env`): offline hub, no telemetry, quiet
+Ray. It must precede the first import of transformers and of ray, which read some of it at import.
+"""
+
+from .env import set_hermetic_env
+
+set_hermetic_env()

@@ -17,6 +17,11 @@ HERMETIC_ENV = {
     # every user's console through the workers; they are for Ray's developers.
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # results go to MLflow: no TensorBoard/CSV loggers, no hint
+    # Worker lines the driver never prints (Ray reads this when ray is imported: jobs/__init__.py sets
+    # the environment first): an error-level line Ray Train's own PreemptionWatcher actor triggers on
+    # every run, and Ray Data's deprecation warning (two lines) from inside Ray Train's dataset manager.
+    "RAY_DEDUP_LOGS_SKIP_REGEX": (r"PreemptionWatcher.*constructor arguments in the object store|"
+                                  r"RayDeprecationWarning|^\s*self\.exclude_resources = exclude_resources\s*$"),
 }
 
 

@@ -373,8 +373,9 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         logs = subprocess.run([ray_bin, "job", "logs", "--address", "http://127.0.0.1:8265", job_id], env=env,
                               capture_output=True, text=True, check=True)
         assert "step 10/10" in logs.stdout
-        # Without a terminal: our progress lines, no progress-bar frames or tips.
-        for noise in ("row/s]", "Tip:", "TensorBoard"):
+        # Without a terminal: our progress lines; no progress-bar frames, tips, error-level Ray internals
+        # or deprecation warnings.
+        for noise in ("row/s]", "Tip:", "TensorBoard", "PreemptionWatcher", "DeprecationWarning"):
             assert noise not in logs.stdout, noise
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True)
