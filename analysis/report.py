@@ -12,6 +12,8 @@ finished sweep) and writes:
     fig7_scl_cosine.png         mean cosine of positive (7a) and negative (7b) SCL pairs during pretraining
     fig1_cls_cosine.png         [CLS] cosine histograms, random vs similar pairs (when jobs.represent ran)
     representation.{csv,md}     the representation summary metrics per variant (idem)
+    claims.md                   the paper's directional claims, each with its numbers, seeds and a verdict
+                                (analysis/claims.py); also printed
     pretraining_metrics.{csv,md} last pretraining metrics per variant: the ones comparable across
                                 variants first (jobs.tracking.COMPARABLE_METRICS), `loss` last
 
@@ -35,6 +37,7 @@ import pandas as pd
 from analysis.medians import GLUE_TARGETS
 from analysis.runs import (REPRESENT_ARTIFACT, REPRESENT_METRICS, experiment_ids, histories, latest_per_variant,
                            pretraining_runs, sweep_scores)
+from analysis.claims import Claim, claims_markdown, judge
 from jobs.tracking import COMPARABLE_METRICS, NOT_COMPARABLE
 
 BASELINE = "cocolm"
@@ -175,6 +178,7 @@ class Report:
     finetuning: pd.DataFrame
     ablation: pd.DataFrame
     files: list[Path] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
     analysis_run: str = ""
 
 
@@ -198,7 +202,7 @@ def build(client, experiment: str | None, out: Path) -> Report:
         (out / f"{name}.md").write_text(f"{title}\n\n" + score_markdown(df, with_diffs=diffs))
         files += [out / f"{name}.csv", out / f"{name}.md"]
     labels = {row["run_id"]: _label(row) for _, row in runs.iterrows()}
-    keys = [k for panel in (*FIG8, *FIG7) for k in panel[1:]]
+    keys = [k for panel in (*FIG8, *FIG7) for k in panel[1:]]  # also every curve the claims read
     hist = histories(client, list(labels), keys)
     for panels, title, name in ((FIG8, "Fig. 8: replaced (solid) vs original (dashed) tokens", "fig8_copy_lm_accuracy"),
                                 (FIG7, "Fig. 7a/b: SCL cosine during pretraining", "fig7_scl_cosine")):
@@ -206,7 +210,10 @@ def build(client, experiment: str | None, out: Path) -> Report:
         files += [made] if made else []
     files += _representation(client, runs, out)
     files += pretraining_table(runs, out)
-    return Report(out, table, ablation, files)
+    claims = judge(runs, hist, scores)
+    (out / "claims.md").write_text(claims_markdown(claims))
+    files.append(out / "claims.md")
+    return Report(out, table, ablation, files, claims=claims)
 
 
 def pretraining_table(runs: pd.DataFrame, out: Path) -> list[Path]:
@@ -297,6 +304,7 @@ def run(out: str | Path, experiment: str | None = None, tracking_uri: str | None
         report.analysis_run = log_report(client, tracking_uri, report, experiment)
     print((Path(out) / "finetuning_table.md").read_text())
     print((Path(out) / "ablation_table.md").read_text())
+    print((Path(out) / "claims.md").read_text())
     print("wrote:\n" + "\n".join(f"  {p}" for p in report.files))
     if report.analysis_run:
         print(f"MLflow analysis run: {report.analysis_run}")

@@ -51,7 +51,8 @@ def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
         rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
                      "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
                      "variant": tags.get("variant", ""), "status": run.info.status,
-                     "start_time": run.info.start_time, **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
+                     "start_time": run.info.start_time, "params.train.max_steps": run.data.params.get("train.max_steps"),
+                     **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
     columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "status", "start_time"]
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
     return df.sort_values("start_time", kind="stable").reset_index(drop=True)
@@ -76,10 +77,13 @@ def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
         for key, value in run.data.metrics.items():
             match = BEST_METRIC.match(key)
             if match:
-                rows.append({"pretraining_run": pretraining, "task": match["task"], "score": value,
+                task, metrics = match["task"], run.data.metrics
+                rows.append({"pretraining_run": pretraining, "task": task, "score": value,
+                             "min": metrics.get(f"best/{task}/min", np.nan), "max": metrics.get(f"best/{task}/max", np.nan),
+                             "seeds": len([s for s in run.data.params.get("seeds", "").split(",") if s.strip()]) or np.nan,
                              "sweep_run": run.info.run_id, "start_time": run.info.start_time,
-                             "glue_avg": run.data.metrics.get("glue_avg", np.nan)})
-    columns = ["pretraining_run", "task", "score", "sweep_run", "start_time", "glue_avg"]
+                             "glue_avg": metrics.get("glue_avg", np.nan)})
+    columns = ["pretraining_run", "task", "score", "min", "max", "seeds", "sweep_run", "start_time", "glue_avg"]
     if not rows:
         return pd.DataFrame(columns=columns)
     df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")

@@ -82,6 +82,10 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     for name in ("fig8_copy_lm_accuracy.png", "fig7_scl_cosine.png"):
         assert (tmp_path / "out" / name).stat().st_size > 10_000
     assert not (tmp_path / "out" / "fig1_cls_cosine.png").exists()  # jobs.represent never ran here
+    claims = (tmp_path / "out" / "claims.md").read_text().splitlines()
+    rows = [line for line in claims if line.startswith("| ") and "verdict" not in line]
+    assert rows and all(line.rstrip().endswith("** |") for line in rows)  # a verdict on every row
+    assert any("rtd_only" in line and "**holds**" in line for line in rows)  # 80 vs 75, one seed each
 
 
 def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):
