@@ -16,7 +16,6 @@ HERMETIC_ENV = {
     # Ray's own deprecation warnings (raised inside Ray Train and Ray Data, not by our calls) reach
     # every user's console through the workers; they are for Ray's developers.
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
-    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # results go to MLflow: no TensorBoard/CSV loggers, no hint
     # Worker lines the driver never prints (Ray reads this when ray is imported: jobs/__init__.py sets
     # the environment first): an error-level line Ray Train's own PreemptionWatcher actor triggers on
     # every run, and Ray Data's deprecation warning (two lines) from inside Ray Train's dataset manager.

@@ -26,7 +26,7 @@ def test_hermetic_env_never_overrides_a_users_value(monkeypatch):
     monkeypatch.setenv("PYTHONWARNINGS", "default")
     set_hermetic_env()
     assert os.environ["PYTHONWARNINGS"] == "default"
-    assert {"HF_HUB_OFFLINE", "PYTHONWARNINGS", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "RAY_DEDUP_LOGS_SKIP_REGEX"} <= set(HERMETIC_ENV)
+    assert {"HF_HUB_OFFLINE", "PYTHONWARNINGS", "RAY_DEDUP_LOGS_SKIP_REGEX"} <= set(HERMETIC_ENV)
 
 
 def test_the_worker_lines_the_driver_drops_are_only_rays_own_noise():

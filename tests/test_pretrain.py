@@ -375,7 +375,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         assert "step 10/10" in logs.stdout
         # Without a terminal: our progress lines; no progress-bar frames, tips, error-level Ray internals
         # or deprecation warnings.
-        for noise in ("row/s]", "Tip:", "TensorBoard", "PreemptionWatcher", "DeprecationWarning"):
+        for noise in ("row/s]", "Tip:", "PreemptionWatcher", "DeprecationWarning"):
             assert noise not in logs.stdout, noise
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True)
