@@ -260,6 +260,7 @@ def flex_kernel_options(
     return None
 
 
+@functools.cache  # called on every encoder forward: the device's properties are read once
 def device_flex_options(device: torch.device, head_dim: int, dtype: torch.dtype, bias_dtype: torch.dtype | None) -> dict[str, int] | None:
     """`flex_kernel_options` for a CUDA device's opt-in shared memory per block; None off CUDA (the
     unfused CPU path takes no Triton options)."""
