@@ -23,10 +23,17 @@ import torch
 class TrainState:
     step: int = 0
     epoch: int = 0
-    batches_in_epoch: int = 0  # micro-batches this worker consumed in `epoch`: skipped on resume
+    batches_in_epoch: int = 0  # micro-batches each worker consumed in `epoch`: skipped on resume
+    world_size: int = 1  # workers that consumed them: a resume with another world size rescales the skip
     tokens_seen: int = 0
     device_hours: float = 0.0  # accelerator-hours (GPU-hours on GPU, worker-hours on CPU)
     mlflow_run_id: str = ""  # the run these checkpoints belong to: only that run may resume from them
+
+    def reshard(self, world_size: int) -> None:
+        """The data position for `world_size` workers: an elastic run that lost (or gained) workers
+        resumes after the same number of micro-batches over all workers, so no data is re-read."""
+        self.batches_in_epoch = self.batches_in_epoch * self.world_size // world_size
+        self.world_size = world_size
 
 
 def owners(storage: str, run_name: str) -> dict[str, str]:

@@ -64,6 +64,9 @@ class ClusterConfig:
     """Ray Train scaling. CPUs per worker are fractional so Ray Data keeps a CPU budget (DESIGN.md)."""
 
     workers: int = 1
+    min_workers: int = 0  # elastic when 0 < min_workers < workers: after a node is lost Ray Train restarts
+    #                       with as many workers as the cluster still fits (at least min_workers), and
+    #                       grows back to `workers` when nodes join; 0 = always exactly `workers`
     gpus_per_worker: float = 0.0
     cpus_per_worker: float = 0.5
     placement_strategy: str = "PACK"  # Ray placement of the workers: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
@@ -72,6 +75,12 @@ class ClusterConfig:
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"cluster.placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
                              f"not {self.placement_strategy!r}")
+        if not 0 <= self.min_workers <= self.workers:
+            raise ValueError(f"cluster.min_workers={self.min_workers} must be between 0 and cluster.workers={self.workers}")
+
+    def worker_counts(self) -> range:
+        """Every world size the run may train with."""
+        return range(self.min_workers or self.workers, self.workers + 1)
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -86,6 +95,14 @@ class PretrainConfig:
     data: DataConfig
     train: TrainConfig
     cluster: ClusterConfig
+
+    def __post_init__(self) -> None:
+        """Every world size the run may take (elastic runs shrink and grow) keeps the global batch:
+        only the gradient accumulation changes, so a lost node does not change the recipe."""
+        for workers in self.cluster.worker_counts():
+            if self.train.global_batch % (self.data.batch_size * workers):
+                raise ValueError(f"train.global_batch={self.train.global_batch} is not a multiple of data.batch_size x "
+                                 f"workers = {self.data.batch_size} x {workers}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -57,6 +57,7 @@ from pathlib import Path
 import pyarrow as pa
 import ray
 from ray.data.datasource import FileBasedDatasource
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 SHIPPED_CORPUS_DIR = Path(__file__).resolve().parent.parent / "data" / "corpus"
 DEFAULT_MAX_RECORD_CHARS = 1_000_000
@@ -283,6 +284,14 @@ class SkipCounter:
         return SkipSummary(len(self._by_file), kept, dict(totals), dict(files))
 
 
+def new_skip_counter() -> ray.actor.ActorHandle:
+    """A SkipCounter on the driver's node: the clean tasks call it from every node, and a worker node
+    that dies (taking the counter with it) would otherwise fail the stream of every later attempt.
+    Restartable as well, should its node be lost anyway; the next pass re-reports every file."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return SkipCounter.options(scheduling_strategy=here, max_restarts=-1, max_task_retries=-1).remote()
+
+
 def skip_summary(counter: ray.actor.ActorHandle) -> SkipSummary:
     """Counts so far; complete once the dataset has been consumed to the end once."""
     return ray.get(counter.summary.remote())
@@ -329,7 +338,7 @@ def read_documents(
     fails here, with the counts, instead of as an empty epoch later.
     """
     files = expand_paths(paths)
-    counter = SkipCounter.remote()
+    counter = new_skip_counter()
     readable = []
     for path in files:
         if is_uri(path) or os.access(path, os.R_OK):

@@ -117,7 +117,8 @@ def _fit(cfg, stream, run_id: str, run_name: str, tracking_uri: str, storage: st
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "ctx": ctx},
         scaling_config=ray.train.ScalingConfig(
-            num_workers=c.workers, use_gpu=c.gpus_per_worker > 0, resources_per_worker=resources,
+            num_workers=(c.min_workers, c.workers) if c.min_workers < c.workers and c.min_workers else c.workers,
+            use_gpu=c.gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=c.placement_strategy,
         ),
         run_config=ray.train.RunConfig(

@@ -175,7 +175,9 @@ def train_loop_per_worker(config: dict) -> None:
         if state.mlflow_run_id and state.mlflow_run_id != ctx.run_id:  # the driver checks first; storage may lag
             raise RuntimeError(f"checkpoint {resumed.path} belongs to MLflow run {state.mlflow_run_id}, not {ctx.run_id}")
         if rank == 0:
-            say(f"resumed from {resumed.path} at step {state.step}")
+            say(f"resumed from {resumed.path} at step {state.step}"
+                + (f" with {world_size} workers (was {state.world_size})" if state.world_size != world_size else ""))
+    state.reshard(world_size)
     state.mlflow_run_id = ctx.run_id  # saved with every checkpoint: only this run may resume from them
     if cfg.train.compile:
         compiled = compile_encoders(model)  # in place, before DDP wraps the objective: checkpoints keep their keys
