@@ -31,7 +31,7 @@ VARIANT_FILES = PLATFORM / "variants"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation and bookkeeping (SPEC section 5; defaults are the paper's base setting)."""
+    """Optimisation and bookkeeping (docs/method.md section 6; defaults are the paper's base setting)."""
 
     max_steps: int = 125_000
     peak_lr: float = 5e-4
@@ -52,7 +52,6 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_failures: int = 3  # worker-group restarts from the last checkpoint before the run fails
     aux_checkpoint: str = ""  # converged_aux: checkpoint dir of a finished run to take the auxiliary from
-    fail_once_at_step: int = 0  # fault injection: rank 0 dies once at this step (0 = never); used by tests
 
     def optimizer(self) -> OptimizerConfig:
         """The fields the shared training step (`model.step`) needs."""
@@ -61,7 +60,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Ray Train scaling. CPUs per worker are fractional so Ray Data keeps a CPU budget (DESIGN.md)."""
+    """Ray Train scaling. CPUs per worker are fractional so Ray Data keeps a CPU budget (docs/design.md section 4)."""
 
     workers: int = 1
     min_workers: int = 0  # elastic when 0 < min_workers < workers: after a node is lost Ray Train restarts

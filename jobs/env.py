@@ -16,6 +16,9 @@ HERMETIC_ENV = {
     # Ray's own deprecation warnings (raised inside Ray Train and Ray Data, not by our calls) reach
     # every user's console through the workers; they are for Ray's developers.
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
+    # Tune adds a TensorBoard logger (and prints "To visualize your results with TensorBoard") unless
+    # this is set; the sweep passes Tune's CSV and JSON result loggers itself, which its ResultGrid reads.
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
     # Worker lines the driver never prints (Ray reads this when ray is imported: jobs/__init__.py sets
     # the environment first): an error-level line Ray Train's own PreemptionWatcher actor triggers on
     # every run, and Ray Data's deprecation warning (two lines) from inside Ray Train's dataset manager.

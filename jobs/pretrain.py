@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoint
+from . import checkpoint, faults
 from .cli import run_main
 from .env import init_ray, set_hermetic_env
 
@@ -111,8 +111,9 @@ def _fit(cfg, stream, run_id: str, run_name: str, tracking_uri: str, storage: st
 
     c = cfg.cluster
     resources = {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.gpus_per_worker else {})}
-    marker = str(Path(storage) / run_name / "injected_failure") if cfg.train.fail_once_at_step else ""
-    ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), marker)
+    fail_at_step = faults.planned().pretraining_step
+    marker = str(Path(storage) / run_name / "injected_failure") if fail_at_step else ""
+    ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), fail_at_step, marker)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "ctx": ctx},

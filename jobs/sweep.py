@@ -34,7 +34,7 @@ from typing import Any
 
 from analysis.medians import GRID_COLUMNS
 
-from . import tracking
+from . import faults, tracking
 from .cli import run_main
 from .env import init_ray, set_hermetic_env
 from .tracking import PRETRAINING_TAG
@@ -142,7 +142,6 @@ class SweepOptions:
     experiment: str = "finetuning"
     storage: str | None = None  # Tune's storage (default $COCOLM_HOME/ray_results)
     name: str | None = None  # parent run name
-    inject_failures: dict[str, int] = field(default_factory=dict)  # trial name -> failures to inject (tests)
 
     def __post_init__(self) -> None:
         check_seeds(self.seeds)
@@ -193,16 +192,8 @@ def tune_trial(config: dict[str, Any], tasks: dict, encoder, settings: dict[str,
 
 
 def _maybe_inject_failure(name: str, settings: dict[str, Any]) -> None:
-    """Fault injection for tests: the trial fails its first N attempts (attempts counted by marker files)."""
-    planned = settings["inject_failures"].get(name, 0)
-    if not planned:
-        return
-    markers = Path(settings["marker_dir"])
-    markers.mkdir(parents=True, exist_ok=True)
-    done = len(list(markers.glob(f"{name}.*")))
-    if done < planned:
-        (markers / f"{name}.{done}").touch()
-        raise RuntimeError(f"injected failure {done + 1} of {planned} for trial {name}")
+    """Fault injection for tests (jobs.faults): the trial fails its first N attempts."""
+    faults.fail_first_attempts(Path(settings["marker_dir"]), name, settings["inject_failures"].get(name, 0))
 
 
 # ----------------------------------------------------------------------------- MLflow, from the driver
@@ -426,10 +417,11 @@ def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str
     init_ray()
     import ray
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     storage = opts.storage or tracking.default_storage()
     resources = trial_resources(opts.cpus_per_trial, opts.gpus_per_trial)
-    settings = {"threads": max(1, int(opts.cpus_per_trial)), "inject_failures": dict(opts.inject_failures),
+    settings = {"threads": max(1, int(opts.cpus_per_trial)), "inject_failures": faults.planned().trials,
                 "marker_dir": str(Path(storage) / f"sweep-{parent_run_id}" / "injected_failures")}
     refs = {name: ray.put(task) for name, task in plan.encoded.items()}
     trainable = tune.with_resources(tune.with_parameters(tune_trial, tasks=refs, encoder=plan.encoder,
@@ -448,7 +440,7 @@ def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str
         run_config=tune.RunConfig(
             name=f"sweep-{parent_run_id}", storage_path=storage, verbose=0,
             failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-            callbacks=[callback],
+            callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()],  # no TensorBoard (jobs.env)
         ),
     )
     print(f"trials get {resources} each", flush=True)

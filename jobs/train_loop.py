@@ -40,6 +40,7 @@ class LoopContext:
     run_id: str
     tracking_uri: str
     tokenizer_dir: str
+    fail_at_step: int = 0  # fault injection (jobs.faults): rank 0 dies once at this step; 0 = never
     failure_marker: str = ""  # file whose existence means the injected failure already happened
 
 
@@ -53,6 +54,11 @@ def build_training(
         checkpoint.load_auxiliary(Path(cfg.train.aux_checkpoint), model.aux)
     optimizer, scheduler = build_optimizer(model, cfg.train.optimizer(), device)
     return model, optimizer, scheduler
+
+
+def resumed_seed(seed: int, rank: int, step: int) -> int:
+    """The torch seed of a rank other than 0 when it resumes at `step`: distinct per rank and per resume."""
+    return seed + rank + 1_000_003 * step
 
 
 def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
@@ -149,7 +155,7 @@ def save_and_report(model, optimizer, scheduler, state: TrainState, cfg: Pretrai
 
 def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainState, rank: int) -> None:
     """Fault injection for the recovery test: rank 0's process dies once, like a lost node would."""
-    if rank == 0 and cfg.train.fail_once_at_step and state.step == cfg.train.fail_once_at_step:
+    if rank == 0 and ctx.fail_at_step and state.step == ctx.fail_at_step:
         marker = Path(ctx.failure_marker)
         if not marker.exists():
             marker.parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +177,11 @@ def train_loop_per_worker(config: dict) -> None:
     resumed = ray.train.get_checkpoint()
     if resumed:
         with resumed.as_directory() as directory:
-            state = checkpoint.load(Path(directory), model, optimizer, scheduler)
+            # The checkpoint holds rank 0's RNG; every other rank takes a stream of its own, or all
+            # ranks would draw the same dropout masks and replacements after a resume.
+            state = checkpoint.load(Path(directory), model, optimizer, scheduler, restore_rng=rank == 0)
+        if rank != 0:
+            torch.manual_seed(resumed_seed(cfg.train.seed, rank, state.step))
         if state.mlflow_run_id and state.mlflow_run_id != ctx.run_id:  # the driver checks first; storage may lag
             raise RuntimeError(f"checkpoint {resumed.path} belongs to MLflow run {state.mlflow_run_id}, not {ctx.run_id}")
         if rank == 0:

@@ -15,11 +15,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from jobs import checkpoint
+from jobs import checkpoint, faults
 from jobs.checkpoint import TrainState
 from jobs.config import available_presets, available_variants, resolve, to_yaml, with_vocab_size
 from jobs.pretrain import check_compile_toolchain, main, run
-from jobs.train_loop import build_training
+from jobs.train_loop import build_training, resumed_seed
 from model import VARIANTS
 from model.bench import random_batch
 
@@ -186,6 +186,11 @@ def test_an_elastic_run_keeps_its_global_batch_and_data_position_at_every_world_
     assert (state.batches_in_epoch, state.world_size) == (4, 3)
 
 
+def test_after_a_resume_every_rank_draws_its_own_random_stream():
+    seeds = {resumed_seed(0, rank, step) for rank in range(1, 8) for step in (10, 20, 30)}
+    assert len(seeds) == 21 and not seeds & {0 + rank for rank in range(8)}  # nor a fresh start's seed + rank
+
+
 def fake_checkpoint(storage: Path, run_name: str, step: int, owner: str | None) -> Path:
     """A checkpoint directory as Ray Train leaves it, recording `owner` (None: an old one without the field)."""
     directory = storage / run_name / f"checkpoint_step_{step:08d}"
@@ -326,8 +331,9 @@ def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home):
-    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fail_once_at_step=12")
+def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home, monkeypatch):
+    monkeypatch.setenv(faults.ENV, json.dumps({"pretraining_step": 12}))  # rank 0 dies once at step 12
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5")
     result = run(cfg)
     assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
     assert (home / "ray_results" / result.run_name / "injected_failure").exists()

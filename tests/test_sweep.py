@@ -11,6 +11,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from jobs import faults
 from jobs.finetune import TrialConfig, encoder_from_checkpoint, fine_tune, resolve_encoder
 from jobs.sweep import SweepOptions, load_grid, parse_seeds, run
 from jobs.tasks import encode_task, read_user_task
@@ -178,7 +179,8 @@ def test_learning_rate_list_follows_the_pretraining_preset():
 
 
 @pytest.mark.timeout(420)
-def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, tmp_path, exported, monkeypatch):
+def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, tmp_path, exported, monkeypatch,
+                                                                   capfd):
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri)
@@ -192,17 +194,21 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
     grid = tmp_path / "two_lrs.yaml"
     grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3, 3.0e-3], batch_size: [16], warmup: [0.1]}\n"
                     "tasks: {default: t}\n")
+    monkeypatch.setenv(faults.ENV, json.dumps({"trials": {
+        "sentiment-lr0.001-bs16-ep1-wu0.1-seed1": 1,  # fails once, the retry succeeds
+        "sentiment-lr0.003-bs16-ep1-wu0.1-seed3": 2}}))  # fails every allowed attempt
     result = run(SweepOptions(
         source=pretraining.info.run_id, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")), grid=str(grid),
         seeds=(0, 1, 2, 3, 4), tracking_uri=tracking_uri, max_failures=1, storage=str(tmp_path / "ray"),
-        inject_failures={"sentiment-lr0.001-bs16-ep1-wu0.1-seed1": 1,  # fails once, the retry succeeds
-                         "sentiment-lr0.003-bs16-ep1-wu0.1-seed3": 2},  # fails every allowed attempt
     ))
     summary = result.summary.set_index("lr")
     assert summary.loc[1e-3, "complete"] and summary.loc[1e-3, "seeds_done"] == 5
     assert not summary.loc[3e-3, "complete"] and summary.loc[3e-3, "missing_seeds"] == "3"
     assert result.best.iloc[0]["lr"] == 1e-3  # the incomplete point cannot win
     assert "incomplete: 4/5 seeds (missing 3)" in result.markdown and "| sentiment | accuracy |" in result.markdown
+    out = capfd.readouterr()
+    assert "TensorBoard" not in out.out + out.err and "Failed to fetch metrics" not in out.out + out.err
+    assert len(list((tmp_path / "ray").glob("sweep-*/*/result.json"))) >= 10  # Tune's own result files remain
 
     parent = client.get_run(result.run_id)
     assert parent.info.status == "FINISHED"
