@@ -1,4 +1,4 @@
-"""Fine-tuning sweeps -> the paper's numbers (SPEC section 6). pandas only, no torch.
+"""Fine-tuning sweeps -> the paper's numbers (docs/method.md section 7.4). pandas only, no torch.
 
 A sweep's trials arrive as one row per (task, grid point, seed): the task column is the *target*
 being scored (MNLI gives two, MNLI-m and MNLI-mm, each chosen separately), `score` is the task's
@@ -24,7 +24,8 @@ import pandas as pd
 
 GRID_COLUMNS = ("lr", "batch_size", "epochs", "warmup")
 STATS = ("median", "mean", "std", "min", "max")
-# GLUE AVG = mean of the eight task scores, MNLI-m standing for MNLI (SPEC section 6); MNLI-mm is tabled, not averaged.
+# GLUE AVG = mean of the eight task scores, MNLI-m standing for MNLI (docs/method.md section 8.2);
+# MNLI-mm is tabled, not averaged.
 GLUE_TARGETS = ("MNLI-m", "QQP", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B")
 GLUE_AVG = "GLUE AVG"
 

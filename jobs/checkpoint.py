@@ -1,4 +1,4 @@
-"""The pretraining checkpoint (DESIGN contract), one directory:
+"""The pretraining checkpoint (docs/design.md section 3.2), one directory:
 
     model.pt        state dict of the *unwrapped* PretrainingObjective (never DDP's `.module.` or
                     compile's `_orig_mod.` prefixes): main encoder, auxiliary, heads

@@ -333,7 +333,7 @@ def read_documents(
     """A Ray dataset of cleaned documents (column `text`) and the SkipCounter that tallies drops.
 
     `num_cpus` is per Ray Data task: fractional, so a data stream next to Train workers that hold
-    most CPUs still gets a budget (see DESIGN.md: on 2 cores Ray Data otherwise gets none and hangs).
+    most CPUs still gets a budget (see docs/design.md section 4: on 2 cores Ray Data otherwise gets none and hangs).
     With `check_not_empty`, one document is pulled right away so that a corpus with nothing usable
     fails here, with the counts, instead of as an empty epoch later.
     """

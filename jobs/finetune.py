@@ -1,6 +1,6 @@
 """One fine-tuning trial: plain PyTorch, callable without Ray (`fine_tune`), run by Ray Tune in a sweep.
 
-A trial is one (task, lr, batch size, epochs, warm-up, seed) (SPEC section 6): the pretrained main
+A trial is one (task, lr, batch size, epochs, warm-up, seed) (docs/method.md section 7.2): the pretrained main
 encoder plus the [CLS] head, AdamW (0.9, 0.98), eps 1e-6, weight decay 0.01, linear warm-up then
 linear decay to 0, no gradient clipping, dropout 0.1; dev is evaluated every half epoch and the best
 evaluation is kept (per dev set: MNLI-m and MNLI-mm each keep their own best). A task with a test

@@ -27,7 +27,7 @@ loop moves them to its device.
 
 Resources: every Ray Data task asks for `data_cpus` (0.25) logical CPUs, so the stream still gets a
 budget when Train workers hold most CPUs; on a 2-core machine a whole CPU per read task plus the
-workers' CPUs leaves Ray Data a budget of 0 and the job hangs silently (DESIGN.md).
+workers' CPUs leaves Ray Data a budget of 0 and the job hangs silently (docs/design.md section 4).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     load_tasks("glue" | "snli" | "rte,mrpc" | FILE_OR_FOLDER, glue_dir=...) -> list[Task]
 
-- **GLUE** (the eight tasks of SPEC section 6) from the standard GLUE directory layout
+- **GLUE** (the eight tasks of docs/method.md section 7.5) from the standard GLUE directory layout
   (`<glue_dir>/MNLI/train.tsv`, `dev_matched.tsv`, `dev_mismatched.tsv`, `<glue_dir>/CoLA/...`),
   or from the Hugging Face hub through `datasets` when no `glue_dir` is given (needs network and
   the `datasets` package, imported only then). GLUE's test sets carry no labels: dev is reported.
@@ -672,7 +672,8 @@ class EncodedTask:
 
 
 def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
-    """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]` (SPEC section 6), longest side cut first to max_length."""
+    """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
+    (docs/method.md section 7.1)."""
     from .stream import load_tokenizer  # the stream's loader: a literal "[SEP]" in the text stays text
 
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -1,4 +1,4 @@
-"""Self-attention with COCO-LM's relative position bias (SPEC section 1).
+"""Self-attention with COCO-LM's relative position bias (docs/method.md section 2.2, docs/design.md section 7).
 
 The bias is one `Embedding(num_buckets, num_heads)` table per encoder, shared by all its layers,
 added to the attention logits after the 1/sqrt(head_dim) scaling; padding keys get -inf. Three

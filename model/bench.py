@@ -8,7 +8,7 @@ with --peer, a transformers model doing the same job on the same batch, in the s
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
 device's dense bf16 peak; with --peer the peer's numbers and the ratios ours/peer of tokens/s and
 of MFU; with --peer all, --variant against hf-electra and roberta_mlm against hf-roberta, then one
-table of all four and, at base / T=512 on a GPU, the issue's targets marked met or NOT met.
+table of all four and, at base / T=512 on a GPU, the targets (below) marked met or NOT met.
 --profile adds torch.profiler's costliest operators (CUDA kernels on a GPU) of each side.
 FLOPs come from `model.flops` (its docstring states the formula; the peers are counted by the
 same rules). Runs with plain torch (transformers only for --peer): no Ray, no MLflow.

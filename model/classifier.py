@@ -1,4 +1,4 @@
-"""Fine-tuning: the sentence(-pair) head on [CLS] (SPEC section 6) and loading an exported encoder.
+"""Fine-tuning: the sentence(-pair) head on [CLS] (docs/method.md section 7.1) and loading an exported encoder.
 
 The head is the authors': dropout, dense H->H, tanh, dropout, output (num_classes logits, or one
 value for regression such as STS-B). `load_encoder` reads a directory written by

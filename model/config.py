@@ -1,4 +1,4 @@
-"""Model sizes and objective settings as frozen dataclasses (SPEC sections 1, 3 and 5).
+"""Model sizes and objective settings as frozen dataclasses (docs/method.md sections 2, 4 and 6).
 
 The jobs fill these from `platform/` YAML; `model/` itself only needs the dataclasses, so it runs
 with plain torch on a GPU machine that has no YAML, Ray or MLflow.
@@ -83,7 +83,7 @@ class ModelConfig:
         )
 
 
-# Paper sizes (SPEC sections 1 and 5) plus two small ones for one GPU / a CPU and for tests.
+# Paper sizes (docs/method.md sections 2.5 and 6) plus two small ones for one GPU / a CPU and for tests.
 SIZES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=4000, hidden_size=64, num_layers=2, num_heads=2, ffn_size=256, aux_layers=1),
     "small": ModelConfig(vocab_size=32768, hidden_size=256, num_layers=12, num_heads=4, ffn_size=1024, aux_layers=4),
@@ -105,7 +105,7 @@ def model_size(name: str, **overrides) -> ModelConfig:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """Which loss parts run and how they are weighted (SPEC sections 3-4). Variants overlay this."""
+    """Which loss parts run and how they are weighted (docs/method.md sections 4-5). Variants overlay this."""
 
     aux_mlm_weight: float = 1.0
     copy_weight: float = 50.0  # lambda_copy

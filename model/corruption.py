@@ -1,4 +1,4 @@
-"""Corruption maths (SPEC section 2): dynamic masking, the SCL crop window, replacement sampling.
+"""Corruption maths (docs/method.md section 3): dynamic masking, the SCL crop window, replacement sampling.
 
 Masking and cropping run on the data side (the Ray Data stream calls `make_pretraining_batch`);
 replacement sampling runs on the model side because it needs the auxiliary model's logits.

@@ -1,4 +1,4 @@
-"""The Transformer encoder used for both the main encoder and the auxiliary model (SPEC section 1).
+"""The Transformer encoder used for both the main encoder and the auxiliary model (docs/method.md section 2.1).
 
 BERT-style: post-LayerNorm residual blocks, exact GELU, learned absolute positions plus the
 relative position bias, no token types. The auxiliary model receives the main encoder's

@@ -1,4 +1,4 @@
-"""Output heads (SPEC sections 1 and 3). Vocabulary projections are tied to the shared token embeddings."""
+"""Output heads (docs/method.md sections 2.4 and 4). Vocabulary projections are tied to the shared token embeddings."""
 
 from __future__ import annotations
 

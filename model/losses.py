@@ -1,4 +1,4 @@
-"""COCO-LM's loss parts as pure functions (SPEC section 3). The tests recompute each one independently."""
+"""COCO-LM's loss parts as pure functions (docs/method.md section 4). The tests recompute each one independently."""
 
 from __future__ import annotations
 

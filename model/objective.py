@@ -1,6 +1,6 @@
 """The COCO-LM pretraining objective: one module that receives the auxiliary model and the main encoder.
 
-Per batch (SPEC sections 2-3): the auxiliary's train-mode pass gives L_aux_MLM; a dropout-free,
+Per batch (docs/method.md sections 3-4): the auxiliary's train-mode pass gives L_aux_MLM; a dropout-free,
 no-grad pass samples replacements at the masked positions M (x_mlm); the main encoder reads x_mlm
 and is trained by the copy loss on every real position, the LM loss at M through the copy mixture,
 and SCL between x_mlm and the crop view. Variants switch parts off through `ObjectiveConfig`.
@@ -92,7 +92,7 @@ class PretrainingOutput:
 
 
 class PretrainingObjective(nn.Module):
-    """COCO-LM (and every ablation of SPEC section 4) as one module.
+    """COCO-LM (and every variant of docs/method.md section 5) as one module.
 
     `main` is the encoder users keep; `aux` is None for variants that need no auxiliary
     (random_replace, roberta_mlm). The heads on the main encoder live here.

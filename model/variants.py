@@ -1,4 +1,4 @@
-"""The named variants and baselines of SPEC section 4, each an overlay on a size and the objective.
+"""The named variants and baselines of docs/method.md section 5, each an overlay on a size and the objective.
 
 An ablation study is a list of these names. `data` overlays are fields of the stream's config
 (the crop fraction), applied by the jobs; `model` and `objective` overlays are applied here.

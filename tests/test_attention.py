@@ -1,4 +1,5 @@
-"""Relative position buckets and attention, checked against independent scalar computations (SPEC section 1)."""
+"""Relative position buckets and attention, checked against independent scalar computations
+(docs/method.md section 2.2)."""
 
 import math
 
@@ -11,7 +12,8 @@ from model.encoder import Encoder
 
 
 def bucket_by_hand(d: int, num_buckets: int, max_distance: int) -> int:
-    """SPEC section 1 written for one integer, with math.ceil and max_distance - 1 as the authors have them."""
+    """docs/method.md section 2.2 written for one integer, with math.ceil and max_distance - 1 as the
+    authors have them."""
     half = num_buckets // 2
     exact = half // 2
     n = abs(d)

@@ -1,4 +1,4 @@
-"""Masking, cropping and replacement sampling (SPEC section 2) against independent computations."""
+"""Masking, cropping and replacement sampling (docs/method.md section 3) against independent computations."""
 
 import math
 

@@ -1,5 +1,5 @@
 """The FlexAttention path (relative bias as score_mod, padding as BlockMask) against the written-out
-reference, forward and backward, and the rules that choose it (SPEC section 1).
+reference, forward and backward, and the rules that choose it (docs/design.md section 7).
 
 On CPU torch has no fused flex kernel with a backward, only flex's unfused reference path; that path
 runs our score_mod and BlockMask exactly as written, so it checks their meaning. The fused CUDA

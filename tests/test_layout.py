@@ -1,5 +1,6 @@
-"""The repository layout guards of DESIGN.md: platform/ holds no Python; no module shadows the stdlib."""
+"""The repository layout guards of docs/design.md section 1: platform/ holds no Python; no module shadows the stdlib."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,42 @@ def test_the_readme_test_command_installs_what_the_tests_need_and_ci_installs_no
         assert f"missing+=({package})" in script
     ci = (ROOT / ".ci" / "run").read_text()
     assert "apt-get" not in ci and "pip install" not in ci
+
+
+# What a clone cannot follow: the project's former outside documents by name, and paths outside the
+# repository. Spelled apart so that this file does not match itself.
+OUTSIDE_REFERENCES = re.compile("|".join((r"\bSP" + r"EC\b", r"\bDES" + r"IGN\b", re.escape("../sha" + "red"),
+                                          re.escape("/wo" + "rk/"))))
+CITED_DOC = re.compile(r"(?<![\w-])docs/([\w.+-]+?)\.md\b")
+# .gitignore ignores the repository's own work/ folder with a rooted pattern, which looks like an outside path.
+NOT_SCANNED = {".gitignore"}
+
+
+def repository_files() -> list[str]:
+    """Every file a commit of this tree holds: the tracked ones and the untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    return sorted({name for name in listed.split("\0") if name} - NOT_SCANNED)
+
+
+def test_every_document_the_repository_cites_is_in_it():
+    """References to documents outside the repository, or to a `docs/*.md` that does not exist, are
+    dead links in a user's clone: each is listed as file:line."""
+    problems = []
+    for name in repository_files():
+        try:
+            data = (ROOT / name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            continue  # deleted in the working tree, or a submodule
+        if b"\0" in data:
+            continue  # binary (the gzipped corpus and SNLI)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE_REFERENCES.search(line):
+                problems.append(f"{name}:{number}: {line.strip()}")
+            problems += [f"{name}:{number}: docs/{doc}.md does not exist" for doc in CITED_DOC.findall(line)
+                         if not (ROOT / "docs" / f"{doc}.md").is_file()]
+    assert problems == [], "\n".join(problems)

@@ -1,4 +1,4 @@
-"""Each loss part against an independent float64 computation of the paper's formula (SPEC section 3)."""
+"""Each loss part against an independent float64 computation of the paper's formula (docs/method.md section 4)."""
 
 import math
 

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from jobs.tracking import compare_url, experiment_id, run_url, runs_table_url
 
 INSTALL = "apt-get update && apt-get install -y chromium"
-# DESIGN.md: the flags Debian's chromium needs to render headless in a container.
+# docs/design.md section 5.3: the flags Debian's chromium needs to render headless in a container.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 

@@ -180,7 +180,8 @@ def test_two_workers_get_disjoint_shards_that_cover_the_corpus(stream, blocks):
 
 @pytest.mark.timeout(180)
 def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
-    """The DESIGN.md hang: Train workers hold CPUs while Ray Data needs some. Fractional CPUs on both sides."""
+    """The hang of docs/design.md section 4: Train workers hold CPUs while Ray Data needs some.
+    Fractional CPUs on both sides."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
