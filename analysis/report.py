@@ -15,7 +15,7 @@ finished sweep) and writes:
     claims.md                   the paper's directional claims, each with its numbers, seeds and a verdict
                                 (analysis/claims.py); also printed
     pretraining_metrics.{csv,md} last pretraining metrics per variant: the ones comparable across
-                                variants first (jobs.tracking.COMPARABLE_METRICS), `loss` last
+                                variants first (jobs.names.COMPARABLE_METRICS), `loss` last
 
 A value that was never measured is missing ("-" in markdown, empty in CSV), never 0; a difference is
 missing when either side is. AVG is the GLUE average (MNLI-m for MNLI, MNLI-mm not averaged) when the
@@ -35,10 +35,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.medians import GLUE_TARGETS
-from analysis.runs import (REPRESENT_ARTIFACT, REPRESENT_METRICS, experiment_ids, histories, latest_per_variant,
+from analysis.runs import (experiment_ids, histories, latest_per_variant,
                            pretraining_runs, sweep_scores)
 from analysis.claims import Claim, claims_markdown, judge
-from jobs.tracking import COMPARABLE_METRICS, NOT_COMPARABLE
+from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
+                        REPRESENT_ARTIFACT, REPRESENT_METRICS)
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -275,9 +276,9 @@ def log_report(client, tracking_uri: str, report: Report, experiment: str | None
     """An "analysis" run (in the study's experiment, else in "analysis") holding every file as an artifact."""
     from jobs import tracking
 
-    experiment_id = tracking.experiment_id(client, experiment or "analysis", tracking_uri)
+    experiment_id = tracking.experiment_id(client, experiment or ANALYSIS_EXPERIMENT, tracking_uri)
     run = client.create_run(experiment_id, run_name="analysis-report", tags={
-        "kind": "analysis", "git_commit": tracking.git_commit(),
+        KIND_TAG: KIND_ANALYSIS, "git_commit": tracking.git_commit(),
         "mlflow.note.content": "Tables and figures of `python -m analysis.report`: see Artifacts."})
     try:
         for path in report.files:

@@ -1,22 +1,17 @@
 """Tracked runs -> pandas: pretraining runs, fine-tuning sweep parents, metric histories. No torch.
 
 The tags read here are written by the jobs (jobs/pretrain.py, jobs/sweep.py, jobs/represent.py); their
-names come from jobs.tracking, the one torch-free module of jobs/ that analysis/ imports.
+names come from jobs.names, their one definition.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from jobs.tracking import KIND_TAG, PRETRAINING_TAG
-
-BEST_METRIC = re.compile(r"^best/(?P<task>.+)/median$")  # jobs.sweep._log_tables: the best point's median per task
-REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
-REPRESENT_ARTIFACT = "represent/cosines.csv"  # jobs.represent: one row per pair (kind, cosine)
+from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task, best_task_metric
 
 
 def experiment_ids(client, experiment: str | None) -> list[str]:
@@ -46,7 +41,7 @@ def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per pretraining run: ids, preset, variant, status, times and the last value of every metric.
     Sorted by start time, oldest first."""
     rows = []
-    for run in search(client, experiments, f"tags.{KIND_TAG} = 'pretraining'"):
+    for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_PRETRAINING}'"):
         tags = run.data.tags
         rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
                      "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
@@ -72,14 +67,15 @@ def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per (pretraining run, task): the best grid point's median score of the newest finished sweep
     parent of that pretraining run that has the task. Columns: pretraining_run, task, score, sweep_run, glue_avg."""
     rows = []
-    for run in search(client, experiments, f"tags.{KIND_TAG} = 'finetuning-sweep' and attributes.status = 'FINISHED'"):
+    for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_SWEEP}' and attributes.status = 'FINISHED'"):
         pretraining = run.data.tags.get(PRETRAINING_TAG, "")
         for key, value in run.data.metrics.items():
-            match = BEST_METRIC.match(key)
-            if match:
-                task, metrics = match["task"], run.data.metrics
+            task = best_task(key)
+            if task:
+                metrics = run.data.metrics
                 rows.append({"pretraining_run": pretraining, "task": task, "score": value,
-                             "min": metrics.get(f"best/{task}/min", np.nan), "max": metrics.get(f"best/{task}/max", np.nan),
+                             "min": metrics.get(best_task_metric(task, "min"), np.nan),
+                             "max": metrics.get(best_task_metric(task, "max"), np.nan),
                              "seeds": len([s for s in run.data.params.get("seeds", "").split(",") if s.strip()]) or np.nan,
                              "sweep_run": run.info.run_id, "start_time": run.info.start_time,
                              "glue_avg": metrics.get("glue_avg", np.nan)})

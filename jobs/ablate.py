@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from .cli import run_main
 from .env import set_hermetic_env
+from .names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,12 @@ def run(opts: AblationOptions) -> AblationResult:
 
 def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, grid: str, seeds: tuple[int, ...]) -> str:
     """The id of a finished sweep parent of `pretraining_run` with these tasks, grid and seeds, or ""."""
-    from .tracking import PRETRAINING_TAG
-
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return ""
     runs = client.search_runs(
         [found.experiment_id], max_results=1000,
-        filter_string=(f"tags.`{PRETRAINING_TAG}` = '{pretraining_run}' and tags.kind = 'finetuning-sweep' "
+        filter_string=(f"tags.`{PRETRAINING_TAG}` = '{pretraining_run}' and tags.{KIND_TAG} = '{KIND_SWEEP}' "
                        f"and attributes.status = 'FINISHED' and params.tasks = '{tasks}' and params.grid = '{grid}' "
                        f"and params.seeds = '{','.join(map(str, seeds))}'"))
     return runs[0].info.run_id if runs else ""
@@ -152,7 +151,6 @@ def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResu
 def comparable_metrics(client, results: list[VariantResult]) -> str:
     """Each variant's last pretraining metrics that mean the same in every variant, then its `loss`,
     which does not (each variant sums different terms): the numbers to compare first."""
-    from .tracking import COMPARABLE_METRICS
 
     lines = ["pretraining metrics comparable across variants (last values; `loss` is each variant's own sum):"]
     for r in results:

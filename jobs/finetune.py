@@ -29,6 +29,7 @@ from model import Encoder, EncoderConfig
 from model.classifier import SequenceClassifier, load_encoder
 from model.step import param_groups, warmup_linear_decay
 
+from .names import PRETRAINING_EXPERIMENT, best_split_metric
 from .tasks import EncodedSplit, EncodedTask, evaluate
 
 EVAL_BATCH = 128
@@ -79,7 +80,7 @@ class TrialResult:
 
     def flat(self) -> dict[str, float]:
         """`best.<split>.<metric>` and `test.<metric>` keys, as the trial reports them."""
-        out = {f"best.{split}.{k}": v for split, metrics in self.best.items() for k, v in metrics.items()}
+        out = {best_split_metric(split, k): v for split, metrics in self.best.items() for k, v in metrics.items()}
         out.update({f"test.{k}": v for k, v in (self.test or {}).items()})
         return out
 
@@ -90,7 +91,7 @@ class TrialResult:
 LATEST = "last"  # --from last: the newest finished pretraining run in the store
 
 
-def latest_pretraining_run(client, experiment: str = "pretraining") -> str:
+def latest_pretraining_run(client, experiment: str = PRETRAINING_EXPERIMENT) -> str:
     """The id of the most recently finished pretraining run (what `jobs.pretrain` just printed)."""
     found = client.get_experiment_by_name(experiment)
     runs = [] if found is None else client.search_runs(
@@ -253,7 +254,7 @@ def evaluate_dev(model, task: EncodedTask, device, autocast, metrics: dict[str, 
         if name not in best or result["score"] > best[name]["score"]:
             best[name] = {**result, "eval": metrics["eval"], "epoch": metrics["epoch"]}
             improved |= name == task.spec.dev_splits[0]
-        metrics.update({f"best.{name}.{k}": v for k, v in best[name].items()})
+        metrics.update({best_split_metric(name, k): v for k, v in best[name].items()})
     return improved
 
 

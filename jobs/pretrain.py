@@ -19,11 +19,21 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoint, faults
-from .cli import run_main
-from .env import init_ray, set_hermetic_env
+import ray.train
+from mlflow.tracking import MlflowClient
+from ray.train.torch import TorchTrainer
 
-CHECKPOINT_TAG = "cocolm.checkpoint"
+from model.export import export_encoder
+
+from . import checkpoint, faults, tracking
+from .cli import run_main
+from .config import PretrainConfig, resolve, to_yaml, with_vocab_size
+from .corpus import skip_summary
+from .env import init_ray, set_hermetic_env
+from .names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
+from .stream import Stream, build_stream, check_inputs, load_tokenizer
+from .train_loop import LoopContext, train_loop_per_worker
+
 
 
 @dataclass(frozen=True)
@@ -35,19 +45,13 @@ class PretrainResult:
     status: str  # FINISHED, or ALREADY_FINISHED when the command found its run done
 
 
-def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: str | None = None,
-        experiment: str = "pretraining") -> PretrainResult:
-    """Resolve, check, train, export. `cfg` is a `jobs.config.PretrainConfig` (vocab set from the tokenizer here)."""
+def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | None = None, name: str | None = None,
+        experiment: str = PRETRAINING_EXPERIMENT) -> PretrainResult:
+    """Check, train, export. The vocabulary size is set from the tokenizer here."""
     set_hermetic_env()
-    from mlflow.tracking import MlflowClient
-
-    from . import tracking
-    from .config import with_vocab_size
-
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
     check_compile_toolchain(cfg)
-    from .stream import build_stream, check_inputs
 
     check_inputs(cfg.data)  # before Ray starts
     storage = storage or tracking.default_storage()
@@ -59,7 +63,8 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     run_name = name or f"{cfg.preset}-{cfg.variant}-{cfg.digest()}"
     client = MlflowClient(tracking_uri)
     experiment_id = tracking.experiment_id(client, experiment, tracking_uri)
-    tags = {"preset": cfg.preset, "variant": cfg.variant, "git_commit": tracking.git_commit(), "kind": "pretraining"}
+    tags = {"preset": cfg.preset, "variant": cfg.variant, "git_commit": tracking.git_commit(),
+            KIND_TAG: KIND_PRETRAINING}
     existing = tracking.find_run(client, experiment_id, run_name)
     checkpoint.check_owner(checkpoint.owners(storage, run_name), existing.info.run_id if existing else None,
                            storage, run_name, tracking_uri)  # before a new MLflow run is created
@@ -79,7 +84,7 @@ def run(cfg, tracking_uri: str | None = None, storage: str | None = None, name: 
     return PretrainResult(run_id, run_name, checkpoint_path, tracking_uri, "FINISHED")
 
 
-def check_compile_toolchain(cfg) -> None:
+def check_compile_toolchain(cfg: PretrainConfig) -> None:
     """torch.compile on CPU workers (inductor) builds C++: without a compiler every worker would fail
     deep inside its first step, so say so before anything starts. Checked on this machine, which is
     the workers' machine on a local Ray; GPU workers (Triton) are not judged from the driver."""
@@ -90,24 +95,18 @@ def check_compile_toolchain(cfg) -> None:
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:
-    from .stream import load_tokenizer
 
     return load_tokenizer(tokenizer_dir).get_vocab_size()
 
 
-def _log_config(client, run_id: str, cfg) -> None:
-    from .config import to_yaml
-    from .tracking import log_params
+def _log_config(client: MlflowClient, run_id: str, cfg: PretrainConfig) -> None:
 
-    log_params(client, run_id, cfg.flat())
+    tracking.log_params(client, run_id, cfg.flat())
     client.log_text(run_id, to_yaml(cfg), "config.yaml")
 
 
-def _fit(cfg, stream, run_id: str, run_name: str, tracking_uri: str, storage: str) -> str:
-    import ray.train
-    from ray.train.torch import TorchTrainer
+def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracking_uri: str, storage: str) -> str:
 
-    from .train_loop import STOP_TAG, LoopContext, train_loop_per_worker
 
     c = cfg.cluster
     resources = {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.gpus_per_worker else {})}
@@ -131,7 +130,6 @@ def _fit(cfg, stream, run_id: str, run_name: str, tracking_uri: str, storage: st
         datasets={"train": stream.blocks},
     )
     result = trainer.fit()
-    from mlflow.tracking import MlflowClient
 
     stopped = MlflowClient(tracking_uri).get_run(run_id).data.tags.get(STOP_TAG)
     if stopped:
@@ -142,13 +140,10 @@ def _fit(cfg, stream, run_id: str, run_name: str, tracking_uri: str, storage: st
     return result.checkpoint.path
 
 
-def _finish(client, run_id: str, cfg, stream, checkpoint_path: str) -> None:
+def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stream, checkpoint_path: str) -> None:
     """Skipped-record counts, the exported encoder and the tokenizer as artifacts, the checkpoint as a tag."""
-    import ray.train
 
-    from model.export import export_encoder
 
-    from .corpus import skip_summary
 
     summary = skip_summary(stream.skips)
     print(summary.format())
@@ -176,7 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, help="Ray Train workers (sets cluster.workers)")
     parser.add_argument("--gpus-per-worker", type=float, help="sets cluster.gpus_per_worker")
     parser.add_argument("--name", help="run name (default: preset-variant-<config hash>); the same name resumes")
-    parser.add_argument("--experiment", default="pretraining", help="MLflow experiment")
+    parser.add_argument("--experiment", default=PRETRAINING_EXPERIMENT, help="MLflow experiment")
     return parser.parse_args(argv)
 
 
@@ -189,7 +184,6 @@ def overrides_from_flags(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> PretrainResult:
     args = parse_args(argv)
-    from .config import resolve
 
     cfg = resolve(args.preset, args.variant, overrides_from_flags(args))
     return run(cfg, args.tracking_uri, args.storage, args.name, args.experiment)

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from .cli import run_main
 from .env import set_hermetic_env
+from .names import REPRESENT_ARTIFACT, REPRESENT_METRICS
 
 SEED = 0
 MAX_LENGTH = 64  # tokens per text, [CLS] and [SEP] included
-METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = MAX_LENGTH):
 def summary(cosines) -> dict[str, float]:
     random_mean = float(cosines.loc[cosines["kind"] == "random", "cosine"].mean())
     similar_mean = float(cosines.loc[cosines["kind"] == "similar", "cosine"].mean())
-    return dict(zip(METRICS, (random_mean, similar_mean, similar_mean - random_mean)))
+    return dict(zip(REPRESENT_METRICS, (random_mean, similar_mean, similar_mean - random_mean)))
 
 
 def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
@@ -123,11 +123,12 @@ def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
         values = summary(cosines)
         for key, value in values.items():
             client.log_metric(run_id, key, value)
-        client.log_text(run_id, cosines.to_csv(index=False), "represent/cosines.csv")
+        client.log_text(run_id, cosines.to_csv(index=False), REPRESENT_ARTIFACT)
         figure = representation_figure({label: cosines}, Path(tmp) / "fig1_cls_cosine.png")
         client.log_artifact(run_id, str(figure), "represent")
-    print(f"{label} run {run_id}: mean cosine random {values[METRICS[0]]:.3f}, similar {values[METRICS[1]]:.3f}, "
-          f"gap {values[METRICS[2]]:.3f}", flush=True)
+    random_mean, similar_mean, gap = (values[k] for k in REPRESENT_METRICS)
+    print(f"{label} run {run_id}: mean cosine random {random_mean:.3f}, similar {similar_mean:.3f}, gap {gap:.3f}",
+          flush=True)
     return label, cosines
 
 

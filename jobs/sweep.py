@@ -32,15 +32,26 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from analysis.medians import GRID_COLUMNS
+import pandas as pd
+import ray
+import torch
+import yaml
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+from analysis.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
 
 from . import faults, tracking
 from .cli import run_main
 from .env import init_ray, set_hermetic_env
-from .tracking import PRETRAINING_TAG
+from .finetune import TrialConfig, fine_tune, resolve_encoder
+from .tasks import encode_task, load_tasks, subsample
+from .names import (ATTEMPT_TAG, CHECKPOINT_TAG, ERROR_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, KIND_TRIAL,
+                    PRETRAINING_TAG, STUDY_TAGS, TRIAL_TAG, best_point_tag, best_split_metric, best_task_metric)
 
 GRIDS = Path(__file__).resolve().parents[1] / "platform" / "grids"
-TRIAL_TAG = "cocolm.trial"
 
 
 # ----------------------------------------------------------------------------- the grid (platform/grids/*.yaml)
@@ -86,8 +97,6 @@ def available_grids() -> list[str]:
 
 def load_grid(name_or_path: str) -> Grid:
     """A grid by name (platform/grids/NAME.yaml) or a YAML file; unknown keys are errors that name them."""
-    import yaml
-
     path = Path(name_or_path)
     if not path.is_file():
         path = GRIDS / f"{name_or_path}.yaml"
@@ -139,7 +148,7 @@ class SweepOptions:
     cpus_per_trial: float = 1.0
     gpus_per_trial: float | None = None  # None: 0.25 where the cluster has GPUs, else 0
     max_failures: int = 2  # Tune retries of a failed trial
-    experiment: str = "finetuning"
+    experiment: str = FINETUNING_EXPERIMENT
     storage: str | None = None  # Tune's storage (default $COCOLM_HOME/ray_results)
     name: str | None = None  # parent run name
 
@@ -176,12 +185,6 @@ def trial_name(config: dict[str, Any]) -> str:
 def tune_trial(config: dict[str, Any], tasks: dict, encoder, settings: dict[str, Any]) -> None:
     """Runs inside a Tune actor: one fine-tuning run, each half-epoch evaluation reported.
     `tasks` maps task names to object refs of their encoded data: a trial fetches only its own task."""
-    import ray
-    import torch
-    from ray import tune
-
-    from .finetune import TrialConfig, fine_tune
-
     torch.set_num_threads(settings["threads"])
     _maybe_inject_failure(trial_name(config), settings)
     point = config["point"]
@@ -202,10 +205,6 @@ def _maybe_inject_failure(name: str, settings: dict[str, Any]) -> None:
 def _mlflow_callback(tracking_uri: str, experiment_id: str, parent_run_id: str, base_params: dict[str, Any],
                      total: int):
     """A Tune callback (built lazily: ray.tune is imported only here) keeping one child run per trial attempt."""
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-    from ray import tune
-
     class MlflowTrials(tune.Callback):
         def __init__(self) -> None:
             self.client = MlflowClient(tracking_uri)
@@ -217,8 +216,8 @@ def _mlflow_callback(tracking_uri: str, experiment_id: str, parent_run_id: str, 
             name = trial_name(trial.config)
             self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
             run = self.client.create_run(experiment_id, run_name=name, tags={
-                "mlflow.parentRunId": parent_run_id, TRIAL_TAG: name, "kind": "finetuning-trial",
-                "cocolm.attempt": str(self.attempts[trial.trial_id])})
+                "mlflow.parentRunId": parent_run_id, TRIAL_TAG: name, KIND_TAG: KIND_TRIAL,
+                ATTEMPT_TAG: str(self.attempts[trial.trial_id])})
             self.runs[trial.trial_id] = run.info.run_id
             point = {k: v for k, v in trial.config["point"].items()}
             tracking.log_params(self.client, run.info.run_id, {**base_params, **point, "seed": trial.config["seed"]})
@@ -259,7 +258,7 @@ def _mlflow_callback(tracking_uri: str, experiment_id: str, parent_run_id: str, 
             if run_id is None:
                 return
             if not ok:
-                self.client.set_tag(run_id, "cocolm.error", _first_line(trial)[:5000])
+                self.client.set_tag(run_id, ERROR_TAG, _first_line(trial)[:5000])
             tracking.end_run(self.client, run_id, ok)
 
     return MlflowTrials()
@@ -287,8 +286,6 @@ def run(opts: SweepOptions) -> SweepResult:
     """Read and encode the tasks, start the parent run, run every trial on Tune, table the medians."""
     set_hermetic_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
-    from mlflow.tracking import MlflowClient
-
     grid = load_grid(opts.grid)
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
@@ -299,7 +296,7 @@ def run(opts: SweepOptions) -> SweepResult:
         plan = _plan(opts, grid, client, tracking_uri, Path(workdir))
     print(plan.notes, flush=True)
     parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{'-'.join(plan.encoded)}"[:200],
-                               tags={"kind": "finetuning-sweep", PRETRAINING_TAG: plan.pretraining_run,
+                               tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: plan.pretraining_run,
                                      "git_commit": tracking.git_commit(),
                                      **_from_pretraining_run(client, plan.pretraining_run, opts.source)})
     run_id = parent.info.run_id
@@ -328,9 +325,6 @@ class _Plan:
 
 def _plan(opts: SweepOptions, grid: Grid, client, tracking_uri: str, workdir: Path) -> _Plan:
     """Everything decided before Ray starts: the encoder, the encoded tasks, the grid points."""
-    from .finetune import resolve_encoder
-    from .tasks import encode_task, load_tasks, subsample
-
     encoder = resolve_encoder(opts.source, tracking_uri, workdir)
     pretraining_run = encoder.pretraining_run or _run_of_checkpoint(client, opts.source)
     max_length = opts.max_length or grid.max_length
@@ -378,8 +372,6 @@ def _describe(tasks, encoded) -> str:
 
 def _run_of_checkpoint(client, source: str) -> str:
     """The pretraining run whose final checkpoint is `source` (its `cocolm.checkpoint` tag), if this store has it."""
-    from .pretrain import CHECKPOINT_TAG
-
     if not Path(source).is_dir():
         return ""
     experiments = [e.experiment_id for e in client.search_experiments()]
@@ -400,14 +392,12 @@ def _from_pretraining_run(client, pretraining_run: str, source: str) -> dict[str
     except Exception:  # the run lives in another store: name it, link nothing
         return {note: f"Fine-tuning sweep of pretraining run {pretraining_run}."}
     link = f"[{pretraining_run}](#/experiments/{run.info.experiment_id}/runs/{pretraining_run})"
-    study = {k: run.data.tags[k] for k in tracking.STUDY_TAGS if k in run.data.tags}
+    study = {k: run.data.tags[k] for k in STUDY_TAGS if k in run.data.tags}
     return {note: f"Fine-tuning sweep of pretraining run {link}.", **study}
 
 
 def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None) -> dict[str, float]:
     """1 CPU per trial; 0.25 GPU per trial where the cluster has GPUs (four small fine-tunings share one)."""
-    import ray
-
     if gpus_per_trial is None:
         gpus_per_trial = 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
@@ -415,10 +405,6 @@ def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None) -> dict
 
 def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str, parent_run_id: str):
     init_ray()
-    import ray
-    from ray import tune
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-
     storage = opts.storage or tracking.default_storage()
     resources = trial_resources(opts.cpus_per_trial, opts.gpus_per_trial)
     settings = {"threads": max(1, int(opts.cpus_per_trial)), "inject_failures": faults.planned().trials,
@@ -471,10 +457,10 @@ def trial_records(results, encoded) -> list[dict[str, Any]]:
         for i, split in enumerate(spec.dev_splits):
             row = {"task": spec.target(split), **{k: point[k] for k in GRID_COLUMNS}, "seed": config["seed"],
                    "trial": trial_name(config), "metric": spec.score, "status": "ok" if ok else "failed",
-                   "score": metrics.get(f"best.{split}.score", math.nan) if ok else math.nan}
+                   "score": metrics.get(best_split_metric(split, "score"), math.nan) if ok else math.nan}
             for name in spec.metrics:
                 if name != spec.score:
-                    row[name] = metrics.get(f"best.{split}.{name}", math.nan) if ok else math.nan
+                    row[name] = metrics.get(best_split_metric(split, name), math.nan) if ok else math.nan
             if i == 0 and encoded[point["task"]].test is not None:  # test: the weights of the first dev set's best
                 for name in spec.metrics:
                     row[f"test_{name}"] = metrics.get(f"test.{name}", math.nan) if ok else math.nan
@@ -483,10 +469,6 @@ def trial_records(results, encoded) -> list[dict[str, Any]]:
 
 
 def _tabulate(results, encoded, seeds) -> _Tables:
-    import pandas as pd
-
-    from analysis.medians import best_points, summarize, task_table, to_markdown
-
     trials = pd.DataFrame(trial_records(results, encoded))
     fixed = {"task", *GRID_COLUMNS, "seed", "trial", "metric", "status", "score"}
     extra = [c for c in trials.columns if c not in fixed]
@@ -509,11 +491,6 @@ def _point_key(row) -> str:
 
 def _log_tables(client, run_id: str, out: _Tables) -> None:
     """Per grid point and best point statistics as parent metrics; every table as CSV and markdown artifacts."""
-    import pandas as pd
-    from mlflow.entities import Metric
-
-    from analysis.medians import GLUE_AVG, STATS, to_markdown
-
     now, metrics = int(time.time() * 1000), []
     for _, row in out.summary.iterrows():
         key = f"{row['task']}/{_point_key(row)}"
@@ -524,14 +501,14 @@ def _log_tables(client, run_id: str, out: _Tables) -> None:
         if row["task"] == GLUE_AVG:
             metrics.append(Metric("glue_avg", float(row["score_median"]), now, 0))
         elif pd.notna(row["score_median"]):
-            metrics += [Metric(f"best/{row['task']}/{stat}", float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+            metrics += [Metric(best_task_metric(row["task"], stat), float(row[f"score_{stat}"]), now, 0) for stat in STATS]
     metrics.append(Metric("trials_failed", float((out.trials.drop_duplicates("trial")["status"] == "failed").sum()), now, 0))
     metrics.append(Metric("points_incomplete", float((~out.summary["complete"]).sum()), now, 0))
     for start in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[start : start + 1000])
     for _, row in out.best.iterrows():
         if bool(row["complete"]):
-            client.set_tag(run_id, f"best.{row['task']}", _point_key(row))
+            client.set_tag(run_id, best_point_tag(row["task"]), _point_key(row))
     for name, df in (("trials", out.trials), ("grid_points", out.summary), ("best_points", out.best),
                      ("task_table", out.table)):
         client.log_text(run_id, df.to_csv(index=False), f"{name}.csv")
@@ -573,7 +550,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cpus-per-trial", type=float, default=1.0)
     parser.add_argument("--gpus-per-trial", type=float, help="default 0.25 on a cluster with GPUs, else 0")
     parser.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial")
-    parser.add_argument("--experiment", default="finetuning", help="MLflow experiment")
+    parser.add_argument("--experiment", default=FINETUNING_EXPERIMENT, help="MLflow experiment")
     parser.add_argument("--storage", help="Tune storage: local dir or URI (default: $COCOLM_HOME/ray_results)")
     parser.add_argument("--name", help="the sweep's MLflow run name")
     return parser.parse_args(argv)

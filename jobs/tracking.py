@@ -21,11 +21,7 @@ from typing import Any
 from mlflow.entities import Run, RunStatus
 from mlflow.tracking import MlflowClient
 
-RUN_KEY_TAG = "cocolm.run_key"  # the Ray run name: the same command re-run finds its MLflow run by it
-KIND_TAG = "kind"  # pretraining | finetuning-sweep | finetuning-trial | analysis
-PRETRAINING_TAG = "cocolm.pretraining_run"  # on a sweep parent: the pretraining run it fine-tunes
-STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
-
+from .names import RUN_KEY_TAG
 
 def home() -> Path:
     return Path(os.environ.get("COCOLM_HOME", "~/cocolm-ray")).expanduser().resolve()
@@ -114,17 +110,6 @@ def ending_run(client: MlflowClient, run_id: str):
         raise
     end_run(client, run_id, ok=True)
 
-
-# Pretraining metrics that mean the same thing in every variant that logs them, first in every study
-# view. `loss` is not among them: each variant sums different terms with different weights (rtd_only
-# 26.2 against cocolm 39.0 at the same step says nothing about which learned more).
-COMPARABLE_METRICS = (
-    "aux_mlm_accuracy", "copy_accuracy_replaced", "copy_accuracy_original", "lm_accuracy_replaced",
-    "lm_accuracy_original", "mlm_accuracy", "scl_positive_cosine", "scl_negative_cosine",
-    "aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss",
-    "represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap",
-)
-NOT_COMPARABLE = ("loss",)  # shown last, and said to be a different sum per variant
 
 UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 

@@ -28,9 +28,8 @@ from model.step import TrainingStep, build_optimizer
 from . import checkpoint
 from .checkpoint import TrainState
 from .config import PretrainConfig, to_yaml
+from .names import STOP_TAG
 from .stream import pretraining_batches
-
-STOP_TAG = "cocolm.stopped"  # set on the MLflow run when the loop stops itself (non-finite loss)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,63 @@
+"""Every MLflow name the jobs write and analysis/ reads back: tags, their values, metric keys.
+
+Writers and readers import these instead of spelling a string twice. No imports: the fine-tuning
+trial, which runs without Ray or MLflow, and the torch-free analysis/ both use this module.
+"""
+
+from __future__ import annotations
+
+# Default experiments, one per stage.
+PRETRAINING_EXPERIMENT = "pretraining"
+FINETUNING_EXPERIMENT = "finetuning"
+ANALYSIS_EXPERIMENT = "analysis"
+
+RUN_KEY_TAG = "cocolm.run_key"  # the Ray run name: the same command re-run finds its MLflow run by it
+KIND_TAG = "kind"  # one of the KIND_* values below
+KIND_PRETRAINING = "pretraining"
+KIND_SWEEP = "finetuning-sweep"  # a sweep's parent run
+KIND_TRIAL = "finetuning-trial"  # one attempt of one trial, a child of its sweep
+KIND_ANALYSIS = "analysis"  # a report's figures and tables
+PRETRAINING_TAG = "cocolm.pretraining_run"  # on a sweep parent: the pretraining run it fine-tunes
+CHECKPOINT_TAG = "cocolm.checkpoint"  # on a finished pretraining run: its final checkpoint
+STOP_TAG = "cocolm.stopped"  # set when the pretraining loop stops itself (non-finite loss), with the reason
+TRIAL_TAG = "cocolm.trial"  # on a trial run: the trial's name (task, grid point, seed)
+ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
+ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)
+STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
+# jobs.represent, logged on the pretraining run it measures:
+REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
+REPRESENT_ARTIFACT = "represent/cosines.csv"  # one row per sentence pair (kind, cosine)
+
+
+def best_split_metric(split: str, metric: str) -> str:
+    """A trial's best dev value of `metric` on `split` (e.g. best.dev.accuracy), over its evaluations."""
+    return f"best.{split}.{metric}"
+
+
+def best_task_metric(task: str, stat: str) -> str:
+    """On a sweep parent: `stat` (median, min, max, ...) over seeds of the task's best grid point."""
+    return f"best/{task}/{stat}"
+
+
+def best_point_tag(task: str) -> str:
+    """On a sweep parent: the key of the task's best grid point (lr, batch size, epochs, warm-up)."""
+    return f"best.{task}"
+
+
+def best_task(key: str) -> str | None:
+    """The task of a `best_task_metric(task, "median")` key (the sweep's headline score), else None."""
+    head, tail = best_task_metric("\0", "median").split("\0")
+    task = key.removeprefix(head).removesuffix(tail)
+    return task if task and key == head + task + tail else None
+
+
+# Pretraining metrics that mean the same thing in every variant that logs them, first in every study
+# view. `loss` is not among them: each variant sums different terms with different weights (rtd_only
+# 26.2 against cocolm 39.0 at the same step says nothing about which learned more).
+COMPARABLE_METRICS = (
+    "aux_mlm_accuracy", "copy_accuracy_replaced", "copy_accuracy_original", "lm_accuracy_replaced",
+    "lm_accuracy_original", "mlm_accuracy", "scl_positive_cosine", "scl_negative_cosine",
+    "aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss",
+    *REPRESENT_METRICS,
+)
+NOT_COMPARABLE = ("loss",)  # shown last, and said to be a different sum per variant
