@@ -34,12 +34,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.medians import GLUE_TARGETS
-from analysis.runs import (experiment_ids, histories, latest_per_variant,
-                           pretraining_runs, sweep_scores)
+from mlflow.tracking import MlflowClient
+
 from analysis.claims import Claim, claims_markdown, judge
+from jobs import tracking
+from jobs.env import set_hermetic_env
+from jobs.figures import pyplot, representation_figure
+from jobs.medians import GLUE_TARGETS
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         REPRESENT_ARTIFACT, REPRESENT_METRICS)
+from jobs.runs import experiment_ids, histories, latest_per_variant, pretraining_runs, sweep_scores
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -106,15 +110,6 @@ def score_markdown(table: pd.DataFrame, with_diffs: bool = False) -> str:
 # ----------------------------------------------------------------------------- figures
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a display
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[tuple[str, ...]], title: str,
                   path: Path) -> Path | None:
     """One panel per (title, key, [second key]): a line per run (colour) and key (solid: first, dashed: second).
@@ -123,7 +118,7 @@ def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[t
     hist = hist[hist["key"].isin(keys)]
     if hist.empty:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     colours = {run_id: f"C{i % 10}" for i, run_id in enumerate(labels)}
     for ax, (name, *panel_keys) in zip(axes[0], panels):
@@ -141,29 +136,6 @@ def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[t
         else:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
-    """Paper Fig. 1/5: per variant (side by side) histograms of [CLS] cosine similarity of random corpus
-    pairs and of similar pairs. `cosines` maps a label to a frame with columns kind (random|similar), cosine."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(cosines), figsize=(4 * len(cosines), 3.5), squeeze=False, sharey=False)
-    for ax, (label, df) in zip(axes[0], cosines.items()):
-        # Bins over the panel's own range: on [-1, 1] a collapsed (early, tiny) model is one bar at 1.0.
-        low, high = float(df["cosine"].min()), float(df["cosine"].max())
-        bins = np.linspace(low, max(high, low + 1e-6), 41)
-        for kind, colour in (("random", "C0"), ("similar", "C3")):
-            values = df.loc[df["kind"] == kind, "cosine"]
-            ax.hist(values, bins=bins, alpha=0.6, color=colour, density=True,
-                    label=f"{kind} pairs (mean {values.mean():.4f})")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("cosine similarity of [CLS]")
-        ax.legend(fontsize=7)
-    fig.suptitle("[CLS] cosine similarity: random corpus pairs vs similar (SNLI entailment) pairs")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -274,8 +246,6 @@ def _representation(client, runs: pd.DataFrame, out: Path) -> list[Path]:
 
 def log_report(client, tracking_uri: str, report: Report, experiment: str | None) -> str:
     """An "analysis" run (in the study's experiment, else in "analysis") holding every file as an artifact."""
-    from jobs import tracking
-
     experiment_id = tracking.experiment_id(client, experiment or ANALYSIS_EXPERIMENT, tracking_uri)
     run = client.create_run(experiment_id, run_name="analysis-report", tags={
         KIND_TAG: KIND_ANALYSIS, "git_commit": tracking.git_commit(),
@@ -291,11 +261,6 @@ def log_report(client, tracking_uri: str, report: Report, experiment: str | None
 
 
 def run(out: str | Path, experiment: str | None = None, tracking_uri: str | None = None, log: bool = True) -> Report:
-    from mlflow.tracking import MlflowClient
-
-    from jobs import tracking
-    from jobs.env import set_hermetic_env
-
     set_hermetic_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     tracking_uri = tracking_uri or tracking.default_tracking_uri()

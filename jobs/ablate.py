@@ -25,9 +25,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from mlflow.tracking import MlflowClient
+
+from . import pretrain, represent, tracking
 from .cli import run_main
+from .config import resolve
 from .env import set_hermetic_env
-from .names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG
+from .names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, REPRESENT_METRICS
+from .sweep import SweepOptions, load_grid, parse_seeds
+from .sweep import run as run_sweep
 
 
 @dataclass(frozen=True)
@@ -70,11 +76,6 @@ class AblationResult:
 def run(opts: AblationOptions) -> AblationResult:
     """Check every variant resolves before any compute, then pretrain (and sweep) them in order."""
     set_hermetic_env()
-    from mlflow.tracking import MlflowClient
-
-    from . import pretrain, represent, tracking
-    from .config import resolve
-
     configs = {v: resolve(opts.preset, v, list(opts.overrides)) for v in opts.variants}  # unknown names fail here
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)
@@ -110,11 +111,9 @@ def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, gr
 
 def _represent(client, pretraining_run: str, pairs) -> str:
     """jobs.represent's analysis of a pretraining run, unless skipped (no pairs) or already logged there."""
-    from . import represent
-
     if pairs is None:
         return ""
-    if represent.METRICS[-1] in client.get_run(pretraining_run).data.metrics:
+    if REPRESENT_METRICS[-1] in client.get_run(pretraining_run).data.metrics:
         print(f"representation analysis of {pretraining_run} already logged", flush=True)
         return "ALREADY_FINISHED"
     represent.analyse_run(client, pretraining_run, pairs, represent.MAX_LENGTH)
@@ -122,9 +121,6 @@ def _represent(client, pretraining_run: str, pairs) -> str:
 
 
 def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: str, variant: str) -> tuple[str, str]:
-    from .sweep import SweepOptions, load_grid
-    from .sweep import run as run_sweep
-
     grid = load_grid(opts.grid).name  # the sweep logs the grid by name (a file's stem)
     existing = finished_sweep(client, opts.experiment_name, pretraining_run, opts.tasks, grid, opts.seeds)
     if existing:
@@ -162,8 +158,6 @@ def comparable_metrics(client, results: list[VariantResult]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from .sweep import parse_seeds
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--variants", required=True, help="comma list of variant names, e.g. cocolm,rtd_only,clm_only")

@@ -16,7 +16,12 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pyarrow.fs
 import torch
+
+from model import PretrainingObjective, build_pretraining_model
+
+from .config import PretrainConfig, from_yaml
 
 
 @dataclass
@@ -39,8 +44,6 @@ class TrainState:
 def owners(storage: str, run_name: str) -> dict[str, str]:
     """Checkpoint directory -> the MLflow run id it records ("" for checkpoints older than that field),
     for every checkpoint Ray Train keeps under `storage/run_name` (a local path or a pyarrow URI)."""
-    import pyarrow.fs
-
     if "://" in storage and not storage.startswith("file://"):
         fs, root = pyarrow.fs.FileSystem.from_uri(storage)
     else:
@@ -112,17 +115,13 @@ def load(
     return TrainState(**json.loads((directory / "state.json").read_text()))
 
 
-def load_pretrained(directory: Path) -> tuple[torch.nn.Module, dict]:
+def load_pretrained(directory: Path) -> tuple[PretrainingObjective, PretrainConfig]:
     """The PretrainingObjective of a checkpoint, rebuilt from its config.yaml, weights loaded (eval needs no RNG),
-    and that resolved config as a dict."""
-    import yaml
-
-    from model import ModelConfig, ObjectiveConfig, build_pretraining_model
-
-    resolved = yaml.safe_load((Path(directory) / "config.yaml").read_text())
-    model = build_pretraining_model(ModelConfig(**resolved["model"]), ObjectiveConfig(**resolved["objective"]))
+    and that resolved config."""
+    cfg = from_yaml((Path(directory) / "config.yaml").read_text())
+    model = build_pretraining_model(cfg.model, cfg.objective)
     load(Path(directory), model, restore_rng=False)
-    return model, resolved
+    return model, cfg
 
 
 def load_auxiliary(directory: Path, aux: torch.nn.Module) -> None:

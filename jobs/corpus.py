@@ -55,12 +55,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from jobs.config import DEFAULT_MAX_RECORD_CHARS
+
 SHIPPED_CORPUS_DIR = Path(__file__).resolve().parent.parent / "data" / "corpus"
-DEFAULT_MAX_RECORD_CHARS = 1_000_000
+
 FILE_REASONS = ("unreadable_file", "binary_file", "unsupported_format", "empty_file")
 RECORD_REASONS = ("bad_utf8", "bad_json", "no_text", "empty", "too_long")
 _FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt", ".parquet": "parquet"}
@@ -188,8 +191,6 @@ def _jsonl_records(lines: list[str], skipped: collections.Counter) -> Iterator[s
 
 
 def _parquet_records(data: bytes, skipped: collections.Counter) -> list[str]:
-    import pyarrow.parquet as pq
-
     table = pq.read_table(io.BytesIO(data))
     values = table.column("text").to_pylist() if "text" in table.column_names else [None] * table.num_rows
     skipped["no_text"] += sum(not isinstance(v, str) for v in values)

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from model import Encoder, EncoderConfig
-from model.classifier import SequenceClassifier, load_encoder
+from model.classifier import SequenceClassifier
 from model.step import param_groups, warmup_linear_decay
 
-from .names import PRETRAINING_EXPERIMENT, best_split_metric
+from .names import best_split_metric
 from .tasks import EncodedSplit, EncodedTask, evaluate
 
 EVAL_BATCH = 128
@@ -83,72 +83,6 @@ class TrialResult:
         out = {best_split_metric(split, k): v for split, metrics in self.best.items() for k, v in metrics.items()}
         out.update({f"test.{k}": v for k, v in (self.test or {}).items()})
         return out
-
-
-# ----------------------------------------------------------------------------- the encoder
-
-
-LATEST = "last"  # --from last: the newest finished pretraining run in the store
-
-
-def latest_pretraining_run(client, experiment: str = PRETRAINING_EXPERIMENT) -> str:
-    """The id of the most recently finished pretraining run (what `jobs.pretrain` just printed)."""
-    found = client.get_experiment_by_name(experiment)
-    runs = [] if found is None else client.search_runs(
-        [found.experiment_id], filter_string="attributes.status = 'FINISHED'", order_by=["attributes.end_time DESC"],
-        max_results=1,
-    )
-    if not runs:
-        raise ValueError(f"--from {LATEST}: no finished run in experiment {experiment!r} of this MLflow store; "
-                         f"run `python -m jobs.pretrain` first or pass a run id or directory")
-    return runs[0].info.run_id
-
-
-def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) -> PretrainedEncoder:
-    """A checkpoint directory, an exported encoder directory, a pretraining run id in `tracking_uri`, or
-    `last` for the newest finished pretraining run there."""
-    path = Path(source)
-    if path.is_dir():
-        if (path / "model.pt").is_file():
-            return encoder_from_checkpoint(path)
-        if (path / "model.safetensors").is_file():
-            return _exported(path, source)
-        raise FileNotFoundError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/) "
-                                f"nor an exported encoder (config.json, model.safetensors)")
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    if source == LATEST:
-        source = latest_pretraining_run(client)
-    try:
-        run = client.get_run(source)
-    except MlflowException:
-        raise ValueError(f"--from {source!r} is neither a directory nor a run in the MLflow store {tracking_uri}") from None
-    encoder_dir = Path(client.download_artifacts(source, "encoder", str(workdir)))
-    if not (encoder_dir / "model.safetensors").is_file():
-        raise FileNotFoundError(f"run {source} has no exported 'encoder' artifact: did its pretraining finish?")
-    preset = run.data.params.get("preset") or run.data.tags.get("preset", "")
-    return _exported(encoder_dir, source, pretraining_run=source, preset=preset)
-
-
-def _exported(directory: Path, source: str, pretraining_run: str = "", preset: str = "") -> PretrainedEncoder:
-    encoder = load_encoder(directory)
-    if not (directory / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
-    return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset)
-
-
-def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
-    """The main encoder of a pretraining checkpoint: the model rebuilt from its config.yaml, model.pt loaded."""
-    from . import checkpoint
-
-    directory = Path(directory)
-    model, resolved = checkpoint.load_pretrained(directory)
-    if not (directory / "tokenizer" / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
-    return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),
-                             preset=resolved.get("preset", ""))
 
 
 # ----------------------------------------------------------------------------- batches

@@ -29,9 +29,11 @@ from . import checkpoint, faults, tracking
 from .cli import run_main
 from .config import PretrainConfig, resolve, to_yaml, with_vocab_size
 from .corpus import skip_summary
-from .env import init_ray, set_hermetic_env
+from .env import set_hermetic_env
 from .names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
-from .stream import Stream, build_stream, check_inputs, load_tokenizer
+from .ray_session import init_ray
+from .stream import Stream, build_stream, check_inputs
+from .tokens import load_tokenizer
 from .train_loop import LoopContext, train_loop_per_worker
 
 

@@ -27,10 +27,24 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.tracking import MlflowClient
 
+from model import Encoder
+from model.classifier import load_encoder
+
+from . import tracking
 from .cli import run_main
+from .corpus import parse_file, shipped_corpus
 from .env import set_hermetic_env
+from .figures import representation_figure
+from .finetune import batches
 from .names import REPRESENT_ARTIFACT, REPRESENT_METRICS
+from .runs import experiment_ids, latest_per_variant, pretraining_runs
+from .tasks import SNLI, Split, encode_split, read_snli, special_ids
+from .tokens import load_tokenizer
 
 SEED = 0
 MAX_LENGTH = 64  # tokens per text, [CLS] and [SEP] included
@@ -44,8 +58,6 @@ class Pairs:
 
 def corpus_documents() -> list[str]:
     """The shipped corpus' cleaned documents (the same cleaning as pretraining's)."""
-    from .corpus import parse_file, shipped_corpus
-
     documents = []
     for path in shipped_corpus():
         documents += parse_file(path, Path(path).read_bytes())[0]
@@ -54,8 +66,6 @@ def corpus_documents() -> list[str]:
 
 def draw_pairs(count: int, documents: list[str] | None = None, seed: int = SEED) -> Pairs:
     """`count` random corpus pairs and `count` SNLI entailment pairs, the same for every run."""
-    from .tasks import SNLI, read_snli
-
     documents = documents if documents is not None else corpus_documents()
     rng = random.Random(seed)
     random_pairs = [tuple(rng.sample(documents, 2)) for _ in range(count)]
@@ -65,17 +75,13 @@ def draw_pairs(count: int, documents: list[str] | None = None, seed: int = SEED)
     return Pairs(random_pairs, rng.sample(similar, min(count, len(similar))))
 
 
-def cls_vectors(encoder, tokenizer_dir: Path, texts: list[str], max_length: int, batch_size: int = 64):
+def cls_vectors(encoder: Encoder, tokenizer_dir: Path, texts: list[str], max_length: int,
+                batch_size: int = 64) -> torch.Tensor:
     """The last layer's [CLS] vector of each text encoded alone: (N, H) float tensor."""
-    import numpy as np
-    import torch
-
-    from .finetune import batches
-    from .tasks import SNLI, Split, Task, encode_task
-
     # The fine-tuning format and batching ([CLS] text [SEP], cut to max_length): one way to tokenize and pad.
-    task = Task(SNLI, Split(list(texts), None, [0] * len(texts), "represent"), {})
-    split = encode_task(task, tokenizer_dir, max_length).train
+    tokenizer = load_tokenizer(tokenizer_dir)
+    unlabelled = Split(list(texts), None, [0] * len(texts), "represent")
+    split, _ = encode_split(tokenizer, special_ids(tokenizer, tokenizer_dir), unlabelled, max_length)
     pad = encoder.cfg.pad_token_id
     encoder.eval()
     with torch.no_grad():
@@ -84,13 +90,8 @@ def cls_vectors(encoder, tokenizer_dir: Path, texts: list[str], max_length: int,
     return torch.cat(vectors)
 
 
-def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = MAX_LENGTH):
+def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = MAX_LENGTH) -> pd.DataFrame:
     """One row per pair: kind (random | similar) and the cosine of the two [CLS] vectors."""
-    import pandas as pd
-    import torch
-
-    from model.classifier import load_encoder
-
     torch.manual_seed(SEED)
     encoder = load_encoder(encoder_dir)
     frames = []
@@ -104,16 +105,14 @@ def pair_cosines(encoder_dir: Path, pairs: Pairs, max_length: int = MAX_LENGTH):
     return pd.concat(frames, ignore_index=True)
 
 
-def summary(cosines) -> dict[str, float]:
+def summary(cosines: pd.DataFrame) -> dict[str, float]:
     random_mean = float(cosines.loc[cosines["kind"] == "random", "cosine"].mean())
     similar_mean = float(cosines.loc[cosines["kind"] == "similar", "cosine"].mean())
     return dict(zip(REPRESENT_METRICS, (random_mean, similar_mean, similar_mean - random_mean)))
 
 
-def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
+def analyse_run(client: MlflowClient, run_id: str, pairs: Pairs, max_length: int) -> tuple[str, pd.DataFrame]:
     """Download the run's encoder, compute the cosines, log metrics, CSV and figure on the run."""
-    from analysis.report import representation_figure
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
     run = client.get_run(run_id)
     label = f"{run.data.tags.get('variant', run.info.run_name)} ({run.data.tags.get('preset', '?')})"
@@ -133,16 +132,9 @@ def analyse_run(client, run_id: str, pairs: Pairs, max_length: int):
 
 
 def run(run_ids: list[str] | None = None, experiment: str | None = None, tracking_uri: str | None = None,
-        pairs: int = 500, max_length: int = MAX_LENGTH, out: str | Path | None = None) -> dict:
+        pairs: int = 500, max_length: int = MAX_LENGTH, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """Analyse the given runs (or the newest run per variant of `experiment`); returns label -> cosines."""
     set_hermetic_env()
-    from mlflow.tracking import MlflowClient
-
-    from analysis.report import representation_figure
-    from analysis.runs import experiment_ids, latest_per_variant, pretraining_runs
-
-    from . import tracking
-
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
     client = MlflowClient(tracking_uri)
     if not run_ids:

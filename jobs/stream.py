@@ -32,10 +32,8 @@ workers' CPUs leaves Ray Data a budget of 0 and the job hangs silently (docs/des
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,28 +41,11 @@ import numpy as np
 import ray
 import torch
 
-from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, expand_paths, read_documents, shipped_corpus
+from jobs.config import DataConfig
+from jobs.corpus import expand_paths, read_documents, shipped_corpus
+from jobs.tokenizer import cached_default_tokenizer
+from jobs.tokens import tokenizer_from_json
 from model.corruption import BATCH_KEYS, SpecialTokens, make_pretraining_batch
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """What the stream reads and how it builds batches."""
-
-    paths: tuple[str, ...] = ()  # files, folders, globs or URIs; empty: the shipped corpus
-    tokenizer_dir: str | None = None  # None: the cached tokenizer for the corpus (trained on first use)
-    vocab_size: int = 32768  # only used to train that default tokenizer; must match the model's
-    cased: bool = False  # likewise
-    seq_len: int = 512  # block length T, [CLS] included
-    mask_rate: float = 0.15
-    crop_fraction: float = 0.9  # SCL crop length int(crop_fraction * T)
-    max_record_chars: int = DEFAULT_MAX_RECORD_CHARS  # longer records are skipped and counted
-    seed: int = 0
-    pack_batch_docs: int = 256  # documents tokenized and packed together; only their last block is padded
-    batch_size: int = 32  # blocks per training batch, per worker
-    data_cpus: float = 0.25  # logical CPUs per Ray Data task: fractional so Train workers never starve it
-    block_bytes: int = 8 << 20  # Ray Data block target; streaming_split deals whole blocks, so smaller
-    #                              blocks spread a small corpus over more tasks and Train workers
 
 
 class Stream(NamedTuple):
@@ -80,8 +61,6 @@ def corpus_paths(cfg: DataConfig) -> list[str]:
 
 
 def resolve_tokenizer(cfg: DataConfig) -> Path:
-    from jobs.tokenizer import cached_default_tokenizer
-
     if cfg.tokenizer_dir:
         return Path(cfg.tokenizer_dir)
     return cached_default_tokenizer(cfg.vocab_size, cased=cfg.cased, paths=corpus_paths(cfg))
@@ -94,23 +73,6 @@ def check_inputs(cfg: DataConfig) -> None:
     if cfg.tokenizer_dir and not (Path(cfg.tokenizer_dir) / "tokenizer.json").is_file():
         raise FileNotFoundError(f"tokenizer directory {cfg.tokenizer_dir} holds no tokenizer.json: "
                                 f"train one with `python -m jobs.tokenizer --out DIR`, or leave --tokenizer out")
-
-
-def load_tokenizer(tokenizer_dir: str | Path):
-    """The `tokenizers` object inside a saved fast tokenizer (what the stream encodes with)."""
-    return _tokenizer_from_json((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
-
-
-@functools.cache
-def _tokenizer_from_json(spec: str):
-    """Once per worker process. Encoding with `tokenizers` directly skips transformers' per-call
-    overhead; `encode_special_tokens` makes a literal "[SEP]" in a document plain text, so
-    [CLS]/[SEP]/[MASK] ids come only from packing and masking."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_str(spec)
-    tokenizer.encode_special_tokens = True
-    return tokenizer
 
 
 def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = SpecialTokens()) -> np.ndarray:
@@ -130,7 +92,7 @@ def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = Spec
 
 def _tokenize_and_pack(batch: dict[str, np.ndarray], tokenizer_json: str, seq_len: int) -> dict[str, np.ndarray]:
     """Ray Data UDF: documents -> packed blocks."""
-    encodings = _tokenizer_from_json(tokenizer_json).encode_batch_fast(list(batch["text"]), add_special_tokens=False)
+    encodings = tokenizer_from_json(tokenizer_json).encode_batch_fast(list(batch["text"]), add_special_tokens=False)
     return {"input_ids": pack([e.ids for e in encodings], seq_len)}
 
 

@@ -18,12 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
+
+import ray
 from collections.abc import Sequence
 
 from jobs.cli import run_main
 from jobs.corpus import read_documents, skip_summary
-from jobs.env import init_ray
-from jobs.stream import DataConfig, build_stream, corrupt, corrupted, corpus_paths, load_tokenizer
+from jobs.config import DataConfig
+from jobs.ray_session import init_ray
+from jobs.stream import build_stream, corrupt, corrupted, corpus_paths
+from jobs.tokens import load_tokenizer
 from model import SIZES, ObjectiveConfig, flops_per_token
 
 H100_BF16_PEAK = 989e12
@@ -65,8 +69,6 @@ def corrupt_alone(cfg: DataConfig, blocks, rounds: int = 5) -> float:
 
 def cores_used() -> tuple[float, int]:
     """(Ray's logical CPUs, this machine's cores); on a local cluster the stream uses the smaller."""
-    import ray
-
     return ray.cluster_resources().get("CPU", 0.0), len(os.sched_getaffinity(0))
 
 

@@ -41,15 +41,16 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from analysis.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
-
 from . import faults, tracking
 from .cli import run_main
-from .env import init_ray, set_hermetic_env
-from .finetune import TrialConfig, fine_tune, resolve_encoder
-from .tasks import encode_task, load_tasks, subsample
+from .encoders import resolve_encoder
+from .env import set_hermetic_env
+from .finetune import PretrainedEncoder, TrialConfig, fine_tune
+from .medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
 from .names import (ATTEMPT_TAG, CHECKPOINT_TAG, ERROR_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, KIND_TRIAL,
                     PRETRAINING_TAG, STUDY_TAGS, TRIAL_TAG, best_point_tag, best_split_metric, best_task_metric)
+from .ray_session import init_ray
+from .tasks import encode_task, load_tasks, subsample
 
 GRIDS = Path(__file__).resolve().parents[1] / "platform" / "grids"
 
@@ -168,7 +169,7 @@ def check_seeds(seeds: tuple[int, ...]) -> None:
 class SweepResult:
     run_id: str  # the parent MLflow run
     trials: Any  # pandas DataFrame: one row per (target, grid point, seed)
-    summary: Any  # per grid point statistics (analysis.medians.summarize)
+    summary: Any  # per grid point statistics (jobs.medians.summarize)
     best: Any  # per task best point
     table: Any  # the task table (with GLUE AVG when GLUE)
     markdown: str  # the printed task table
@@ -315,7 +316,7 @@ def run(opts: SweepOptions) -> SweepResult:
 
 @dataclass(frozen=True)
 class _Plan:
-    encoder: Any  # jobs.finetune.PretrainedEncoder
+    encoder: PretrainedEncoder
     pretraining_run: str
     encoded: dict[str, Any]  # task name -> jobs.tasks.EncodedTask
     points: list[dict[str, Any]]

@@ -39,6 +39,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
+
+from .tokens import load_tokenizer
 
 SNLI_DIR = Path(__file__).resolve().parents[1] / "data" / "snli"
 SNLI_DEV_PAIRS = 5000  # held out of SNLI train for model selection (whole premises; about 5%)
@@ -674,40 +677,46 @@ class EncodedTask:
 def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
     """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
     (docs/method.md section 7.1)."""
-    from .stream import load_tokenizer  # the stream's loader: a literal "[SEP]" in the text stays text
-
     tokenizer = load_tokenizer(tokenizer_dir)
+    special = special_ids(tokenizer, tokenizer_dir)
+    dtype = np.int64 if task.spec.kind == "classification" else np.float32
+    splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
+    encoded = {name: encode_split(tokenizer, special, split, max_length, dtype) for name, split in splits.items()}
+    return EncodedTask(
+        task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
+        encoded["test"][0] if task.test is not None else None, special["[PAD]"], max_length,
+        {name: cut for name, (_, cut) in encoded.items()},
+    )
+
+
+def special_ids(tokenizer: Tokenizer, tokenizer_dir: str | Path) -> dict[str, int]:
     special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
     if None in special.values():
         raise ValueError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
-    truncated: dict[str, int] = {}
+    return special
 
-    def encode(split: Split, name: str) -> EncodedSplit:
-        first = [e.ids for e in tokenizer.encode_batch(split.text, add_special_tokens=False)]
-        second = [e.ids for e in tokenizer.encode_batch(split.text_pair, add_special_tokens=False)] \
-            if split.text_pair is not None else None
-        cls, sep = special["[CLS]"], special["[SEP]"]
-        sequences, cut = [], 0
-        for i, a in enumerate(first):
-            if second is None:
-                body = max_length - 2
-                cut += len(a) > body
-                sequences.append([cls, *a[:body], sep])
-            else:
-                b, budget = second[i], max_length - 4
-                cut += len(a) + len(b) > budget
-                a, b = _truncate_pair(a, b, budget)
-                sequences.append([cls, *a, sep, sep, *b, sep])
-        truncated[name] = cut
-        lengths = np.array([len(s) for s in sequences], dtype=np.int64)
-        dtype = np.int64 if task.spec.kind == "classification" else np.float32
-        return EncodedSplit(np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum())),
-                            np.concatenate([[0], np.cumsum(lengths)]), np.asarray(split.labels, dtype=dtype))
 
-    return EncodedTask(
-        task.spec, encode(task.train, "train"), {k: encode(v, k) for k, v in task.dev.items()},
-        encode(task.test, "test") if task.test is not None else None, special["[PAD]"], max_length, truncated,
-    )
+def encode_split(tokenizer: Tokenizer, special: dict[str, int], split: Split, max_length: int,
+                 label_dtype: type = np.int64) -> tuple[EncodedSplit, int]:
+    """One split in the fine-tuning format, and how many of its sequences were cut."""
+    first = [e.ids for e in tokenizer.encode_batch(split.text, add_special_tokens=False)]
+    second = [e.ids for e in tokenizer.encode_batch(split.text_pair, add_special_tokens=False)] \
+        if split.text_pair is not None else None
+    cls, sep = special["[CLS]"], special["[SEP]"]
+    sequences, cut = [], 0
+    for i, a in enumerate(first):
+        if second is None:
+            body = max_length - 2
+            cut += len(a) > body
+            sequences.append([cls, *a[:body], sep])
+        else:
+            b, budget = second[i], max_length - 4
+            cut += len(a) + len(b) > budget
+            a, b = _truncate_pair(a, b, budget)
+            sequences.append([cls, *a, sep, sep, *b, sep])
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    tokens = np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum()))
+    return EncodedSplit(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.asarray(split.labels, dtype=label_dtype)), cut
 
 
 def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:

@@ -28,10 +28,19 @@ from pathlib import Path
 
 import numpy as np
 import ray
+import sentencepiece as spm
+from mlflow.tracking import MlflowClient
+from sentencepiece import sentencepiece_model_pb2
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import BPE
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import generate_merges
 
 from jobs.cli import run_main
-from jobs.corpus import DEFAULT_MAX_RECORD_CHARS, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
-from jobs.env import init_ray
+from jobs.config import DEFAULT_MAX_RECORD_CHARS
+from jobs.corpus import expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
+from jobs.ray_session import init_ray
+from jobs.tracking import check_tracking, end_run, experiment_id, log_params
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4: model.corruption.SpecialTokens
 SPM_FILE = "spm.model"
@@ -77,7 +86,6 @@ def _training_sentences(
 
 
 def _train_spm(sentences: Iterator[str], vocab_size: int, model_file: Path, cased: bool, max_sentences: int) -> None:
-    import sentencepiece as spm
 
     spm.set_random_generator_seed(0)
     try:
@@ -99,14 +107,8 @@ def _train_spm(sentences: Iterator[str], vocab_size: int, model_file: Path, case
         raise ValueError(f"SentencePiece training failed (vocab {vocab_size} too big for the corpus?): {error}") from error
 
 
-def to_fast_tokenizer(model_file: Path, cased: bool):
+def to_fast_tokenizer(model_file: Path, cased: bool) -> PreTrainedTokenizerFast:
     """A transformers fast tokenizer with the same pieces, merges and normalisation as `model_file`."""
-    from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import generate_merges
-
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model_file.read_bytes())
     scores = [(p.piece, p.score) for p in proto.pieces]
@@ -205,10 +207,6 @@ def cached_default_tokenizer(vocab_size: int, cased: bool = False, paths: Sequen
 
 def log_tokenizer(out_dir: Path, tracking_uri: str, experiment: str = "tokenizers") -> str:
     """Log the tokenizer directory as an MLflow artifact (`tokenizer/`); returns the run id."""
-    from mlflow.tracking import MlflowClient
-
-    from jobs.tracking import check_tracking, end_run, experiment_id, log_params
-
     info = json.loads((out_dir / INFO_FILE).read_text())
     check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Run, RunStatus
+from mlflow.entities import Param, Run, RunStatus
 from mlflow.tracking import MlflowClient
 
 from .names import RUN_KEY_TAG
@@ -150,8 +150,6 @@ def ui_links(tracking_uri: str, experiment_id: str, run_id: str | None = None, c
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
     """All params in batches of 100 (MLflow's limit); re-logging an identical value on resume is allowed."""
-    from mlflow.entities import Param
-
     items = [Param(k, str(v)) for k, v in params.items()]
     for start in range(0, len(items), 100):
         client.log_batch(run_id, params=items[start : start + 100])

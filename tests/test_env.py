@@ -5,7 +5,8 @@ import os
 
 import ray.data
 
-from jobs.env import HERMETIC_ENV, quiet_ray_data, set_hermetic_env
+from jobs.env import HERMETIC_ENV, set_hermetic_env
+from jobs.ray_session import quiet_ray_data
 
 
 def test_ray_data_shows_progress_bars_on_a_terminal_only():

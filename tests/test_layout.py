@@ -101,3 +101,38 @@ def test_every_document_the_repository_cites_is_in_it():
             problems += [f"{name}:{number}: docs/{doc}.md does not exist" for doc in CITED_DOC.findall(line)
                          if not (ROOT / "docs" / f"{doc}.md").is_file()]
     assert problems == [], "\n".join(problems)
+
+
+def test_jobs_and_analysis_import_at_the_top():
+    """Dependencies are visible at the top of each file: only the optional packages (datasets for GLUE
+    from the hub, matplotlib for figures) are imported inside functions. model/ keeps transformers
+    inside its export and benchmark on purpose (see test_model_imports_no_ray_mlflow_pandas_or_transformers)."""
+    import ast
+
+    optional = {"datasets", "matplotlib"}
+    inside = []
+    for path in sorted([*(ROOT / "jobs").glob("*.py"), *(ROOT / "analysis").glob("*.py")]):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Import):
+                        modules = [alias.name for alias in node.names]
+                    elif isinstance(node, ast.ImportFrom):
+                        modules = ["." * node.level + (node.module or "")]
+                    else:
+                        continue
+                    inside += [f"{path.relative_to(ROOT)}:{node.lineno} {m}" for m in modules
+                               if m.split(".")[0] not in optional]
+    assert inside == []
+
+
+def test_analysis_depends_on_jobs_and_never_the_reverse():
+    """The data flows corpus -> stream -> pretraining -> checkpoint -> fine-tuning -> analysis."""
+    import ast
+
+    for path in (ROOT / "jobs").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert not node.module.startswith("analysis"), f"{path.name} imports {node.module}"
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("analysis") for a in node.names), path.name

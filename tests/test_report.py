@@ -13,7 +13,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
-from analysis.runs import latest_per_variant, pretraining_runs
+from jobs.runs import latest_per_variant, pretraining_runs
 from jobs.tracking import experiment_id
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from jobs import faults
-from jobs.finetune import TrialConfig, encoder_from_checkpoint, fine_tune, resolve_encoder
+from jobs.encoders import encoder_from_checkpoint, resolve_encoder
+from jobs.finetune import TrialConfig, fine_tune
 from jobs.sweep import SweepOptions, load_grid, parse_seeds, run
 from jobs.tasks import encode_task, read_user_task
 from model import Encoder, EncoderConfig
@@ -234,7 +235,7 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
 
 
 def test_from_last_picks_the_newest_finished_pretraining_run(tmp_path):
-    from jobs.finetune import latest_pretraining_run
+    from jobs.encoders import latest_pretraining_run
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     with pytest.raises(ValueError, match="no finished run"):

@@ -1,0 +1,74 @@
+"""The encoder a sweep fine-tunes: from a pretraining run in MLflow, a checkpoint or an exported encoder.
+
+Resolved on the driver; trials receive the resulting `PretrainedEncoder` (weights as a state dict).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from model.classifier import load_encoder
+
+from . import checkpoint
+from .finetune import PretrainedEncoder
+from .names import PRETRAINING_EXPERIMENT
+
+LATEST = "last"  # --from last: the newest finished pretraining run in the store
+
+
+def latest_pretraining_run(client: MlflowClient, experiment: str = PRETRAINING_EXPERIMENT) -> str:
+    """The id of the most recently finished pretraining run (what `jobs.pretrain` just printed)."""
+    found = client.get_experiment_by_name(experiment)
+    runs = [] if found is None else client.search_runs(
+        [found.experiment_id], filter_string="attributes.status = 'FINISHED'", order_by=["attributes.end_time DESC"],
+        max_results=1,
+    )
+    if not runs:
+        raise ValueError(f"--from {LATEST}: no finished run in experiment {experiment!r} of this MLflow store; "
+                         f"run `python -m jobs.pretrain` first or pass a run id or directory")
+    return runs[0].info.run_id
+
+
+def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) -> PretrainedEncoder:
+    """A checkpoint directory, an exported encoder directory, a pretraining run id in `tracking_uri`, or
+    `last` for the newest finished pretraining run there."""
+    path = Path(source)
+    if path.is_dir():
+        if (path / "model.pt").is_file():
+            return encoder_from_checkpoint(path)
+        if (path / "model.safetensors").is_file():
+            return _exported(path, source)
+        raise FileNotFoundError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/) "
+                                f"nor an exported encoder (config.json, model.safetensors)")
+    client = MlflowClient(tracking_uri)
+    if source == LATEST:
+        source = latest_pretraining_run(client)
+    try:
+        run = client.get_run(source)
+    except MlflowException:
+        raise ValueError(f"--from {source!r} is neither a directory nor a run in the MLflow store {tracking_uri}") from None
+    encoder_dir = Path(client.download_artifacts(source, "encoder", str(workdir)))
+    if not (encoder_dir / "model.safetensors").is_file():
+        raise FileNotFoundError(f"run {source} has no exported 'encoder' artifact: did its pretraining finish?")
+    preset = run.data.params.get("preset") or run.data.tags.get("preset", "")
+    return _exported(encoder_dir, source, pretraining_run=source, preset=preset)
+
+
+def _exported(directory: Path, source: str, pretraining_run: str = "", preset: str = "") -> PretrainedEncoder:
+    encoder = load_encoder(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
+    return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset)
+
+
+def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
+    """The main encoder of a pretraining checkpoint: the model rebuilt from its config.yaml, model.pt loaded."""
+    directory = Path(directory)
+    model, cfg = checkpoint.load_pretrained(directory)
+    if not (directory / "tokenizer" / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
+    return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),
+                             preset=cfg.preset)
