@@ -10,7 +10,7 @@ finished sweep) and writes:
     ablation_table.{csv,md}     Table 3 style: variants as rows, each score with its difference to `cocolm`
     fig8_copy_lm_accuracy.png   copy and LM accuracy on replaced vs original tokens during pretraining
     fig7_scl_cosine.png         mean cosine of positive (7a) and negative (7b) SCL pairs during pretraining
-    fig1_cls_cosine.png         [CLS] cosine histograms, random vs similar pairs (when jobs.represent ran)
+    fig1_cls_cosine.png         [CLS] cosine histograms, random vs similar pairs (when jobs.studies.represent ran)
     representation.{csv,md}     the representation summary metrics per variant (idem)
     claims.md                   the paper's directional claims, each with its numbers, seeds and a verdict
                                 (analysis/claims.py); also printed
@@ -39,11 +39,11 @@ from mlflow.tracking import MlflowClient
 from analysis.claims import Claim, claims_markdown, judge
 from jobs import tracking
 from jobs.env import set_hermetic_env
-from jobs.figures import pyplot, representation_figure
-from jobs.medians import GLUE_TARGETS
+from jobs.finetuning.medians import GLUE_TARGETS
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         REPRESENT_ARTIFACT, REPRESENT_METRICS)
 from jobs.runs import experiment_ids, histories, latest_per_variant, pretraining_runs, sweep_scores
+from jobs.studies.figures import pyplot, representation_figure
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -218,7 +218,7 @@ def plain_markdown(df: pd.DataFrame) -> str:
 
 
 def _representation(client, runs: pd.DataFrame, out: Path) -> list[Path]:
-    """The summary metrics table and the histogram figure of the runs that jobs.represent analysed."""
+    """The summary metrics table and the histogram figure of the runs that jobs.studies.represent analysed."""
     columns = [f"metrics.{m}" for m in REPRESENT_METRICS]
     present = [c for c in columns if c in runs.columns]
     if not present:

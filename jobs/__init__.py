@@ -5,6 +5,6 @@ Importing the package sets the hermetic environment (`jobs.env`): offline hub, n
 Ray. It must precede the first import of transformers and of ray, which read some of it at import.
 """
 
-from .env import set_hermetic_env
+from jobs.env import set_hermetic_env
 
 set_hermetic_env()

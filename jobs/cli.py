@@ -1,4 +1,9 @@
-"""The one way a `python -m jobs.<name>` command runs its `main`: a user's mistake is one clear line.
+"""The one way a job's command runs: options declared once, as a dataclass; a user's mistake is one line.
+
+A job declares its options as a frozen dataclass whose fields carry `option(help=...)` metadata;
+`add_options` turns the fields into argparse flags (`--max-train` for `max_train`) and
+`options_from` turns the parsed flags back into the dataclass, so `main(argv)` is
+`run(options_from(parser.parse_args(argv), Options))` and the tests call `run(Options(...))`.
 
 A bad argument, a missing path or a malformed file (ValueError and OSError from the checks that run
 before any compute) prints `error: <message>` on stderr and exits 1, without a traceback that buries
@@ -8,9 +13,12 @@ other exception is a fault, not a usage error, and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import sys
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterable
 from typing import Any
 
 DEBUG_FLAG = "--debug"
@@ -30,3 +38,45 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
             raise
         print(f"error: {error}\n(the traceback: add {DEBUG_FLAG} or set {DEBUG_ENV}=1)", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def option(help: str, flag: str | None = None, parse: Callable[[str], Any] | None = None,
+           choices: Iterable[str] | None = None, repeat: bool = False) -> dict[str, Any]:
+    """Field metadata for `add_options`: the flag's help, its name when not `--<field-name>`, the argparse
+    type when the field's own type cannot parse a string, its choices, and whether it repeats."""
+    return {"help": help, "flag": flag, "parse": parse, "choices": choices, "repeat": repeat}
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, only: Iterable[str] | None = None) -> None:
+    """One flag per field of the dataclass `cls` (or of the fields named in `only`)."""
+    hints = typing.get_type_hints(cls)
+    wanted = None if only is None else set(only)
+    for f in dataclasses.fields(cls):
+        if wanted is not None and f.name not in wanted or "help" not in f.metadata:
+            continue
+        meta = f.metadata
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "required": required}
+        if meta["repeat"]:
+            kwargs.update(action="append", default=[], metavar="VALUE")
+        else:
+            kwargs.update(default=default, type=meta["parse"] or _scalar(hints[f.name]), choices=meta["choices"])
+        parser.add_argument(meta["flag"] or "--" + f.name.replace("_", "-"), **kwargs)
+
+
+def options_from(args: argparse.Namespace, cls: type, **values: Any) -> Any:
+    """The dataclass back from parsed flags (repeated flags become tuples); `values` sets the rest."""
+    for f in dataclasses.fields(cls):
+        if f.name not in values and hasattr(args, f.name):
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
+def _scalar(hint: Any) -> Callable[[str], Any]:
+    """str, int or float from a field type such as `int | None`."""
+    kinds = [k for k in typing.get_args(hint) or (hint,) if k is not type(None)]
+    if len(kinds) != 1 or kinds[0] not in (str, int, float):
+        raise TypeError(f"{hint} needs option(parse=...)")
+    return kinds[0]

@@ -24,7 +24,7 @@ TRIAL_TAG = "cocolm.trial"  # on a trial run: the trial's name (task, grid point
 ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
 ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)
 STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
-# jobs.represent, logged on the pretraining run it measures:
+# jobs.studies.represent, logged on the pretraining run it measures:
 REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
 REPRESENT_ARTIFACT = "represent/cosines.csv"  # one row per sentence pair (kind, cosine)
 

@@ -9,7 +9,7 @@ import sys
 import ray
 import ray.data
 
-from .env import set_hermetic_env
+from jobs.env import set_hermetic_env
 
 
 def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:

@@ -1,6 +1,6 @@
 """Tracked runs -> pandas: pretraining runs, fine-tuning sweep parents, metric histories. No torch.
 
-The tags read here are written by the jobs (jobs/pretrain.py, jobs/sweep.py, jobs/represent.py); their
+The tags read here are written by the jobs (jobs/pretraining/job.py, jobs/finetuning/sweep.py, jobs/studies/represent.py); their
 names come from jobs.names, their one definition.
 """
 

@@ -21,7 +21,7 @@ from typing import Any
 from mlflow.entities import Param, Run, RunStatus
 from mlflow.tracking import MlflowClient
 
-from .names import RUN_KEY_TAG
+from jobs.names import RUN_KEY_TAG
 
 def home() -> Path:
     return Path(os.environ.get("COCOLM_HOME", "~/cocolm-ray")).expanduser().resolve()

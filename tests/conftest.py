@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+import torch
+from tokenizers import Tokenizer
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task_metric
+from model import Encoder, EncoderConfig
+from model.export import export_encoder
 
 # The number of logical CPUs Ray gets in tests: 2, the size of the smallest machine we support, so
 # the suite proves that the stream (fractional-CPU tasks) cannot starve or deadlock there.
@@ -62,7 +72,61 @@ def ray_local():
 @pytest.fixture(scope="session")
 def tokenizer_dir(ray_local, tmp_path_factory) -> Path:
     """A 1000-piece uncased SentencePiece BPE tokenizer trained once on the shipped corpus."""
-    from jobs.corpus import shipped_corpus
-    from jobs.tokenizer import train_tokenizer
+    from jobs.data.corpus import shipped_corpus
+    from jobs.data.tokenizer import train_tokenizer
 
     return train_tokenizer(shipped_corpus(), vocab_size=1000, out_dir=tmp_path_factory.mktemp("tokenizer"))
+
+
+# ----------------------------------------------------------------------------- a tiny encoder and a user task
+
+WORDS = ["good", "fine", "great", "bad", "poor", "awful"]
+
+
+def tiny_encoder_config(tokenizer_dir: Path) -> EncoderConfig:
+    """The one tiny encoder of the fine-tuning and representation tests, sized to the test tokenizer."""
+    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+    return EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, embedding_size=32,
+                         max_positions=64)
+
+
+@pytest.fixture(scope="session")
+def exported(tokenizer_dir, tmp_path_factory) -> Path:
+    """That encoder, randomly initialised with seed 0, exported with the test tokenizer."""
+    torch.manual_seed(0)
+    return export_encoder(Encoder(tiny_encoder_config(tokenizer_dir)), tmp_path_factory.mktemp("export") / "encoder",
+                          tokenizer_dir=tokenizer_dir)
+
+
+def sentiment_file(path: Path, n: int = 100) -> Path:
+    """A user task: the label is whether the sentence's adjective is positive."""
+    rows = [{"text": f"the film was {WORDS[i % 6]} and the story {i}", "label": "pos" if i % 6 < 3 else "neg"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ----------------------------------------------------------------------------- fake runs, as the jobs log them
+
+
+def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: dict[str, list[float]],
+                         preset: str = "tiny") -> str:
+    """A finished pretraining run as jobs.pretraining leaves it: tags and loss curves (step 10, 20, ...)."""
+    run_id = client.create_run(exp, run_name=f"{preset}-{variant}", tags={
+        KIND_TAG: KIND_PRETRAINING, "preset": preset, "variant": variant}).info.run_id
+    client.log_batch(run_id, metrics=[Metric(k, v, 0, 10 * (i + 1)) for k, vs in curves.items()
+                                      for i, v in enumerate(vs)])
+    client.set_terminated(run_id)
+    return run_id
+
+
+def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores: dict[str, float],
+                   status: str = "FINISHED") -> str:
+    """A sweep parent run as jobs.finetuning leaves it: the best point's median per task (and a mean)."""
+    run_id = client.create_run(exp, run_name="sweep", tags={KIND_TAG: KIND_SWEEP,
+                                                            PRETRAINING_TAG: pretraining_run}).info.run_id
+    for task, score in scores.items():
+        client.log_metric(run_id, best_task_metric(task, "median"), score)
+        client.log_metric(run_id, best_task_metric(task, "mean"), score - 0.5)  # never read as the median
+    client.set_terminated(run_id, status)
+    return run_id

@@ -1,11 +1,11 @@
-"""jobs.ablate: two variants pretrained and swept into one experiment; a second invocation skips them."""
+"""jobs.studies.ablate: two variants pretrained and swept into one experiment; a second invocation skips them."""
 
 from __future__ import annotations
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jobs.ablate import finished_sweep, main
+from jobs.studies.ablate import finished_sweep, main
 
 
 def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_and_seeds(tmp_path):
@@ -49,7 +49,7 @@ def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, to
     pretraining = client.search_runs([exp], filter_string="tags.kind = 'pretraining'")
     assert sorted(r.data.tags["variant"] for r in pretraining) == ["cocolm", "rtd_only"]
     assert all(r.info.status == "FINISHED" and r.data.tags["preset"] == "tiny" for r in pretraining)
-    for r in pretraining:  # jobs.represent ran on each (paper Fig. 1), so the report can draw it
+    for r in pretraining:  # jobs.studies.represent ran on each (paper Fig. 1), so the report can draw it
         assert {"represent/random_cosine_mean", "represent/cosine_gap"} <= set(r.data.metrics)
         assert "represent/fig1_cls_cosine.png" in {a.path for a in client.list_artifacts(r.info.run_id, "represent")}
     sweeps = client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")

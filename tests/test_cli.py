@@ -21,7 +21,7 @@ def run_job(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def pretrain(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_job(tmp_path, "jobs.pretrain", "--preset", "tiny", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", *args)
+    return run_job(tmp_path, "jobs.pretraining", "--preset", "tiny", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", *args)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, starts_with: str) -> None:

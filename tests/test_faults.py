@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jobs import faults
-from jobs.config import TrainConfig, resolve
+from jobs.pretraining.config import TrainConfig, resolve
 
 
 def test_no_plan_means_no_faults_and_a_bad_plan_is_named(monkeypatch):

@@ -111,7 +111,7 @@ def test_jobs_and_analysis_import_at_the_top():
 
     optional = {"datasets", "matplotlib"}
     inside = []
-    for path in sorted([*(ROOT / "jobs").glob("*.py"), *(ROOT / "analysis").glob("*.py")]):
+    for path in sorted([*(ROOT / "jobs").rglob("*.py"), *(ROOT / "analysis").glob("*.py")]):
         for function in ast.walk(ast.parse(path.read_text())):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(function):
@@ -130,7 +130,7 @@ def test_analysis_depends_on_jobs_and_never_the_reverse():
     """The data flows corpus -> stream -> pretraining -> checkpoint -> fine-tuning -> analysis."""
     import ast
 
-    for path in (ROOT / "jobs").glob("*.py"):
+    for path in (ROOT / "jobs").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 assert not node.module.startswith("analysis"), f"{path.name} imports {node.module}"

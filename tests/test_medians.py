@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jobs.medians import GLUE_AVG, GLUE_TARGETS, best_points, summarize, task_table, to_markdown
+from jobs.finetuning.medians import GLUE_AVG, GLUE_TARGETS, best_points, summarize, task_table, to_markdown
 
 SEEDS = [0, 1, 2, 3, 4]
 
@@ -91,7 +91,7 @@ def test_task_table_orders_like_the_paper_and_averages_the_eight_glue_scores():
 
 
 def test_analysis_does_not_import_torch():
-    code = "import sys, jobs.medians; print('torch' in sys.modules)"
+    code = "import sys, jobs.finetuning.medians; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -22,7 +22,7 @@ def test_every_tag_is_defined_once_and_spelled_nowhere_else():
     """A tag's string appears as a literal only in jobs/names.py among the job and analysis modules."""
     tags = {value for key, value in vars(names).items() if key.endswith("_TAG") or key.startswith("KIND_")}
     tags -= {"kind"}  # a common word: Ray Data columns and task kinds use it too
-    for path in [*ROOT.glob("jobs/*.py"), *ROOT.glob("analysis/*.py")]:
+    for path in [*ROOT.glob("jobs/**/*.py"), *ROOT.glob("analysis/*.py")]:
         if path.name == "names.py":
             continue
         literals = {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)}

@@ -27,7 +27,7 @@ def test_rayjob_runs_the_pretraining_entry_point_with_a_known_preset():
     job = yaml.safe_load((ROOT / "platform" / "kuberay" / "rayjob.yaml").read_text())
     assert job["kind"] == "RayJob" and job["apiVersion"] == "ray.io/v1"
     entry = job["spec"]["entrypoint"].split()
-    assert entry[:3] == ["python", "-m", "jobs.pretrain"]
+    assert entry[:3] == ["python", "-m", "jobs.pretraining"]
     preset = entry[entry.index("--preset") + 1]
     assert (ROOT / "platform" / "presets" / f"{preset}.yaml").is_file()
     assert job["spec"]["rayClusterSpec"]["rayVersion"] == "2.60.0"

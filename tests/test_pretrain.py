@@ -15,11 +15,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from jobs import checkpoint, faults
-from jobs.checkpoint import TrainState
-from jobs.config import available_presets, available_variants, resolve, to_yaml, with_vocab_size
-from jobs.pretrain import check_compile_toolchain, main, run
-from jobs.train_loop import build_training, resumed_seed
+from jobs import faults
+
+from jobs.pretraining import checkpoint
+from jobs.pretraining.checkpoint import TrainState
+from jobs.pretraining.config import available_presets, available_variants, resolve, to_yaml, with_vocab_size
+from jobs.pretraining.job import check_compile_toolchain, main, run
+from jobs.pretraining.loop import build_training, resumed_seed
 from model import VARIANTS
 from model.bench import random_batch
 
@@ -67,9 +69,9 @@ def test_every_preset_resolves_with_every_variant():
 def test_yaml_variants_extend_a_built_in_one(tmp_path, monkeypatch):
     assert resolve("tiny", "cocolm_reuse_logits").objective.sample_in_eval is False
     assert resolve("tiny", "cocolm_gathered_negatives").objective.scl_gather is True
-    import jobs.config
+    import jobs.pretraining.config
 
-    monkeypatch.setattr(jobs.config, "VARIANT_FILES", tmp_path)
+    monkeypatch.setattr(jobs.pretraining.config, "VARIANT_FILES", tmp_path)
     (tmp_path / "electra_long_crop.yaml").write_text("extends: electra\ndata: {crop_fraction: 0.7}\n")
     cfg = resolve("tiny", "electra_long_crop")
     assert cfg.objective.use_lm is False and cfg.model.aux_width_divisor == 3 and cfg.data.crop_fraction == 0.7
@@ -105,7 +107,7 @@ def test_the_training_step_reads_train_config_fields_with_the_same_defaults():
     every one of its fields exists there with the same default, so the bench times the job's recipe."""
     from dataclasses import fields
 
-    from jobs.config import TrainConfig
+    from jobs.pretraining.config import TrainConfig
     from model.step import OptimizerConfig
 
     train = TrainConfig()
@@ -241,7 +243,7 @@ def test_every_variant_runs_a_few_training_steps(tmp_path):
 
 
 def test_log_interval_means_skip_empty_signals():
-    from jobs.train_loop import Interval
+    from jobs.pretraining.loop import Interval
 
     interval = Interval()
     interval.add({"loss": torch.tensor(2.0), "copy_accuracy_replaced": torch.tensor(float("nan"))})
@@ -306,7 +308,7 @@ def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local
     args = ["--preset", "tiny", *[x for o in tiny_overrides(tokenizer_dir, "train.max_steps=40",
                                                             "train.checkpoint_every=10") for x in ("--set", o)]]
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rk", dir="/tmp")}  # its own Ray, killed with it
-    driver = subprocess.Popen([sys.executable, "-m", "jobs.pretrain", *args], cwd=ROOT, env=env,
+    driver = subprocess.Popen([sys.executable, "-m", "jobs.pretraining", *args], cwd=ROOT, env=env,
                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 400
@@ -386,7 +388,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         submit = _submit(
             [ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
              "--runtime-env-json", runtime_env, "--",
-             sys.executable, "-m", "jobs.pretrain", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
+             sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
              "--set", "train.max_steps=10", "--set", "train.checkpoint_every=10", "--set", "train.log_every=5"],
             env,
         )

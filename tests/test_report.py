@@ -9,33 +9,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
 from jobs.runs import latest_per_variant, pretraining_runs
 from jobs.tracking import experiment_id
+from conftest import fake_pretraining_run, fake_sweep_run
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def pretraining(client, exp: str, variant: str, curves: dict[str, list[float]], preset: str = "tiny") -> str:
-    run_id = client.create_run(exp, run_name=f"{preset}-{variant}", tags={
-        "kind": "pretraining", "preset": preset, "variant": variant}).info.run_id
-    client.log_batch(run_id, metrics=[Metric(k, v, 0, 10 * (i + 1)) for k, vs in curves.items()
-                                      for i, v in enumerate(vs)])
-    client.set_terminated(run_id)
-    return run_id
-
-
-def sweep(client, exp: str, pretraining_run: str, scores: dict[str, float], status: str = "FINISHED") -> str:
-    run_id = client.create_run(exp, run_name="sweep", tags={"kind": "finetuning-sweep",
-                                                            "cocolm.pretraining_run": pretraining_run}).info.run_id
-    for task, score in scores.items():
-        client.log_metric(run_id, f"best/{task}/median", score)
-        client.log_metric(run_id, f"best/{task}/mean", score - 0.5)  # never read as the median
-    client.set_terminated(run_id, status)
-    return run_id
 
 
 @pytest.fixture
@@ -46,15 +27,15 @@ def store(tmp_path):
     acc = {"copy_accuracy_replaced": [0.2, 0.5], "copy_accuracy_original": [0.9, 0.95],
            "lm_accuracy_replaced": [0.1, 0.3], "lm_accuracy_original": [0.4, 0.6]}
     runs = {
-        "cocolm": pretraining(client, exp, "cocolm", {**acc, "scl_positive_cosine": [0.5, 0.8],
+        "cocolm": fake_pretraining_run(client, exp, "cocolm", {**acc, "scl_positive_cosine": [0.5, 0.8],
                                                        "scl_negative_cosine": [0.4, 0.2]}),
-        "rtd_only": pretraining(client, exp, "rtd_only", {k: v for k, v in acc.items() if k.startswith("copy")}),
-        "clm_only": pretraining(client, exp, "clm_only", acc),
+        "rtd_only": fake_pretraining_run(client, exp, "rtd_only", {k: v for k, v in acc.items() if k.startswith("copy")}),
+        "clm_only": fake_pretraining_run(client, exp, "clm_only", acc),
     }
-    sweep(client, exp, runs["cocolm"], {"SNLI": 0.80, "RTE": 0.60})
-    sweep(client, exp, runs["rtd_only"], {"SNLI": 0.75})  # RTE never fine-tuned: missing, not 0
-    sweep(client, exp, runs["clm_only"], {"SNLI": 0.10, "RTE": 0.10}, status="FAILED")  # ignored
-    sweep(client, exp, runs["clm_only"], {"SNLI": 0.82, "RTE": 0.0})  # a real 0 stays a 0
+    fake_sweep_run(client, exp, runs["cocolm"], {"SNLI": 0.80, "RTE": 0.60})
+    fake_sweep_run(client, exp, runs["rtd_only"], {"SNLI": 0.75})  # RTE never fine-tuned: missing, not 0
+    fake_sweep_run(client, exp, runs["clm_only"], {"SNLI": 0.10, "RTE": 0.10}, status="FAILED")  # ignored
+    fake_sweep_run(client, exp, runs["clm_only"], {"SNLI": 0.82, "RTE": 0.0})  # a real 0 stays a 0
     return uri, client, runs
 
 
@@ -81,7 +62,7 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     assert np.isnan(csv.loc["rtd_only", "RTE"])  # an empty cell, not 0
     for name in ("fig8_copy_lm_accuracy.png", "fig7_scl_cosine.png"):
         assert (tmp_path / "out" / name).stat().st_size > 10_000
-    assert not (tmp_path / "out" / "fig1_cls_cosine.png").exists()  # jobs.represent never ran here
+    assert not (tmp_path / "out" / "fig1_cls_cosine.png").exists()  # jobs.studies.represent never ran here
     claims = (tmp_path / "out" / "claims.md").read_text().splitlines()
     rows = [line for line in claims if line.startswith("| ") and "verdict" not in line]
     assert rows and all(line.rstrip().endswith("** |") for line in rows)  # a verdict on every row
@@ -128,8 +109,8 @@ def test_the_newest_finished_run_per_variant_is_reported(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = experiment_id(client, "x", uri)
-    old = pretraining(client, exp, "cocolm", {})
-    new = pretraining(client, exp, "cocolm", {})
+    old = fake_pretraining_run(client, exp, "cocolm", {})
+    new = fake_pretraining_run(client, exp, "cocolm", {})
     client.create_run(exp, tags={"kind": "pretraining", "preset": "tiny", "variant": "cocolm"})  # still running
     chosen = latest_per_variant(pretraining_runs(client, [exp]))
     assert list(chosen["run_id"]) == [new] and old != new
@@ -166,45 +147,3 @@ def test_representation_figure_from_logged_cosines(store, tmp_path):
     summary = pd.read_csv(tmp_path / "out" / "representation.csv").set_index("variant")
     assert set(summary.index) == {"cocolm", "rtd_only"}
     assert summary.loc["cocolm", "random_cosine_mean"] == pytest.approx(0.1, abs=0.05)
-
-
-# ----------------------------------------------------------------------------- jobs.represent (needs torch)
-
-
-@pytest.mark.timeout(300)
-def test_represent_logs_cosines_on_the_pretraining_run_and_the_report_plots_them(tokenizer_dir, tmp_path):
-    import torch
-
-    from jobs.represent import METRICS, Pairs, draw_pairs, main as represent_main, pair_cosines
-    from model.encoder import Encoder, EncoderConfig
-    from model.export import export_encoder
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
-    torch.manual_seed(0)
-    encoder = Encoder(EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64,
-                                    embedding_size=32, max_positions=64))
-    exported = export_encoder(encoder, tmp_path / "encoder", tokenizer_dir=tokenizer_dir)
-
-    pairs = draw_pairs(8, documents=["one document", "another text", "a third one"])
-    assert len(pairs.random) == 8 and all(a != b for a, b in pairs.random) and len(pairs.similar) == 8
-    assert draw_pairs(8, documents=["one document", "another text", "a third one"]) == pairs  # same pairs every run
-    same = pair_cosines(exported, Pairs([("the same words", "the same words")], [("a cat", "a dog")]))
-    assert list(same["kind"]) == ["random", "similar"] and same["cosine"][0] == pytest.approx(1.0, abs=1e-5)
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = experiment_id(client, "ablation-tiny", uri)
-    run_id = pretraining(client, exp, "cocolm", {})
-    client.log_artifacts(run_id, str(exported), "encoder")
-    represent_main(["--from", run_id, "--tracking-uri", uri, "--pairs", "20", "--max-length", "32",
-                    "--out", str(tmp_path / "rep")])
-    logged = client.get_run(run_id).data.metrics
-    assert set(METRICS) <= set(logged) and -1 <= logged["represent/random_cosine_mean"] <= 1
-    assert logged["represent/cosine_gap"] == pytest.approx(
-        logged["represent/similar_cosine_mean"] - logged["represent/random_cosine_mean"])
-    assert {a.path for a in client.list_artifacts(run_id, "represent")} == {
-        "represent/cosines.csv", "represent/fig1_cls_cosine.png"}
-    assert (tmp_path / "rep" / "fig1_cls_cosine.png").is_file()
-    report = build(client, "ablation-tiny", tmp_path / "out")
-    assert (tmp_path / "out" / "fig1_cls_cosine.png") in report.files

@@ -16,9 +16,9 @@ import pytest
 import ray
 import torch
 
-from jobs.corpus import clean_text, read_documents, shipped_corpus, skip_summary
-from jobs.config import DataConfig
-from jobs.stream import build_stream, corrupt, pack, pretraining_batches
+from jobs.data.config import DataConfig
+from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
+from jobs.data.stream import build_stream, corrupt, pack, pretraining_batches
 from model.corruption import SpecialTokens
 
 pytestmark = pytest.mark.timeout(120)
@@ -86,7 +86,7 @@ def test_pack_keeps_every_token_in_order():
 
 
 def test_stream_keeps_every_token_of_every_document(stream, blocks, corpus, tokenizer_dir):
-    from jobs.tokens import load_tokenizer
+    from jobs.data.tokens import load_tokenizer
 
     expected = [tuple(e.ids) for e in load_tokenizer(str(tokenizer_dir)).encode_batch(corpus[1], add_special_tokens=False)]
     assert blocks.shape[1] == SEQ_LEN and (blocks[:, 0] == SPECIAL.cls).all()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.corpus import clean_text, shipped_corpus
-from jobs.tokenizer import SPECIAL_TOKENS
+from jobs.data.corpus import clean_text, shipped_corpus
+from jobs.data.tokenizer import SPECIAL_TOKENS
 from model.corruption import SpecialTokens
 
 pytestmark = pytest.mark.timeout(180)
@@ -71,7 +71,7 @@ def test_fast_tokenizer_matches_sentencepiece_on_real_text(tokenizer_dir):
 def test_cli_trains_cased_and_logs_the_directory_to_mlflow(ray_local, tmp_path, capsys, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    import jobs.tokenizer as tokenizer_job
+    import jobs.data.tokenizer as tokenizer_job
 
     monkeypatch.setattr(tokenizer_job, "PROGRESS_EVERY", 50)
     corpus, out, db = _small_corpus(tmp_path / "corpus"), tmp_path / "tok", tmp_path / "mlruns" / "mlflow.db"
@@ -93,7 +93,7 @@ def test_cli_trains_cased_and_logs_the_directory_to_mlflow(ray_local, tmp_path, 
 
 
 def test_cached_tokenizer_is_trained_once_per_checksum(ray_local, tmp_path, monkeypatch):
-    import jobs.tokenizer as tokenizer_job
+    import jobs.data.tokenizer as tokenizer_job
 
     monkeypatch.setenv("COCOLM_CACHE", str(tmp_path / "cache"))
     corpus = [str(_small_corpus(tmp_path / "corpus"))]

@@ -25,11 +25,11 @@ from model.encoder import compile_encoders
 from model.flops import device_peak_flops, step_flops
 from model.step import TrainingStep, build_optimizer
 
-from . import checkpoint
-from .checkpoint import TrainState
-from .config import PretrainConfig, to_yaml
-from .names import STOP_TAG
-from .stream import pretraining_batches
+from jobs.data.stream import pretraining_batches
+from jobs.names import STOP_TAG
+from jobs.pretraining import checkpoint
+from jobs.pretraining.checkpoint import TrainState
+from jobs.pretraining.config import PretrainConfig, to_yaml
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Representation analysis (paper Fig. 1/5): cosine similarity of [CLS] vectors, random vs similar pairs.
 
-    python -m jobs.represent --from RUN_ID[,RUN_ID...] | --experiment NAME
+    python -m jobs.studies.represent --from RUN_ID[,RUN_ID...] | --experiment NAME
         [--pairs 500] [--max-length 64] [--tracking-uri URI] [--out DIR]
 
 For each pretraining run: its exported encoder (artifact `encoder/`, with the tokenizer) embeds
@@ -35,16 +35,18 @@ from mlflow.tracking import MlflowClient
 from model import Encoder
 from model.classifier import load_encoder
 
-from . import tracking
-from .cli import run_main
-from .corpus import parse_file, shipped_corpus
-from .env import set_hermetic_env
-from .figures import representation_figure
-from .finetune import batches
-from .names import REPRESENT_ARTIFACT, REPRESENT_METRICS
-from .runs import experiment_ids, latest_per_variant, pretraining_runs
-from .tasks import SNLI, Split, encode_split, read_snli, special_ids
-from .tokens import load_tokenizer
+from jobs import tracking
+from jobs.cli import run_main
+from jobs.data.corpus import parse_file, shipped_corpus
+from jobs.data.tokens import load_tokenizer
+from jobs.env import set_hermetic_env
+from jobs.finetuning.encoding import encode_split, special_ids
+from jobs.finetuning.readers import Split, read_snli
+from jobs.finetuning.specs import SNLI
+from jobs.finetuning.trial import batches
+from jobs.names import REPRESENT_ARTIFACT, REPRESENT_METRICS
+from jobs.runs import experiment_ids, latest_per_variant, pretraining_runs
+from jobs.studies.figures import representation_figure
 
 SEED = 0
 MAX_LENGTH = 64  # tokens per text, [CLS] and [SEP] included

@@ -22,33 +22,12 @@ import yaml
 from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
 from model.step import OptimizerConfig
 
+from jobs.data.config import DataConfig
 
-PLATFORM = Path(__file__).resolve().parents[1] / "platform"
+
+PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 PRESETS = PLATFORM / "presets"
 VARIANT_FILES = PLATFORM / "variants"
-
-
-DEFAULT_MAX_RECORD_CHARS = 1_000_000  # longer corpus records are skipped and counted (jobs.corpus)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """What the stream reads and how it builds batches."""
-
-    paths: tuple[str, ...] = ()  # files, folders, globs or URIs; empty: the shipped corpus
-    tokenizer_dir: str | None = None  # None: the cached tokenizer for the corpus (trained on first use)
-    vocab_size: int = 32768  # only used to train that default tokenizer; must match the model's
-    cased: bool = False  # likewise
-    seq_len: int = 512  # block length T, [CLS] included
-    mask_rate: float = 0.15
-    crop_fraction: float = 0.9  # SCL crop length int(crop_fraction * T)
-    max_record_chars: int = DEFAULT_MAX_RECORD_CHARS  # longer records are skipped and counted
-    seed: int = 0
-    pack_batch_docs: int = 256  # documents tokenized and packed together; only their last block is padded
-    batch_size: int = 32  # blocks per training batch, per worker
-    data_cpus: float = 0.25  # logical CPUs per Ray Data task: fractional so Train workers never starve it
-    block_bytes: int = 8 << 20  # Ray Data block target; streaming_split deals whole blocks, so smaller
-    #                              blocks spread a small corpus over more tasks and Train workers
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,9 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from jobs.config import DEFAULT_MAX_RECORD_CHARS
+from jobs.data.config import DEFAULT_MAX_RECORD_CHARS
 
-SHIPPED_CORPUS_DIR = Path(__file__).resolve().parent.parent / "data" / "corpus"
+SHIPPED_CORPUS_DIR = Path(__file__).resolve().parents[2] / "data" / "corpus"
 
 FILE_REASONS = ("unreadable_file", "binary_file", "unsupported_format", "empty_file")
 RECORD_REASONS = ("bad_utf8", "bad_json", "no_text", "empty", "too_long")

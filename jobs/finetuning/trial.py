@@ -9,7 +9,7 @@ The same seed gives the same result: it seeds the head, dropout and the shufflin
 
 Where the encoder comes from (`resolve_encoder`): a pretraining MLflow run id (its "encoder"
 artifact is downloaded), an exported encoder directory, or a pretraining checkpoint directory
-(model.pt + config.yaml + tokenizer/, `jobs/checkpoint.py`).
+(model.pt + config.yaml + tokenizer/, `jobs/pretraining/checkpoint.py`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from model import Encoder, EncoderConfig
 from model.classifier import SequenceClassifier
 from model.step import param_groups, warmup_linear_decay
 
-from .names import best_split_metric
-from .tasks import EncodedSplit, EncodedTask, evaluate
+from jobs.finetuning.encoding import EncodedSplit, EncodedTask
+from jobs.finetuning.specs import evaluate
+from jobs.names import best_split_metric
 
 EVAL_BATCH = 128
 

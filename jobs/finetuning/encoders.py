@@ -12,15 +12,15 @@ from mlflow.tracking import MlflowClient
 
 from model.classifier import load_encoder
 
-from . import checkpoint
-from .finetune import PretrainedEncoder
-from .names import PRETRAINING_EXPERIMENT
+from jobs.finetuning.trial import PretrainedEncoder
+from jobs.names import PRETRAINING_EXPERIMENT
+from jobs.pretraining import checkpoint
 
 LATEST = "last"  # --from last: the newest finished pretraining run in the store
 
 
 def latest_pretraining_run(client: MlflowClient, experiment: str = PRETRAINING_EXPERIMENT) -> str:
-    """The id of the most recently finished pretraining run (what `jobs.pretrain` just printed)."""
+    """The id of the most recently finished pretraining run (what `jobs.pretraining.job` just printed)."""
     found = client.get_experiment_by_name(experiment)
     runs = [] if found is None else client.search_runs(
         [found.experiment_id], filter_string="attributes.status = 'FINISHED'", order_by=["attributes.end_time DESC"],
@@ -28,7 +28,7 @@ def latest_pretraining_run(client: MlflowClient, experiment: str = PRETRAINING_E
     )
     if not runs:
         raise ValueError(f"--from {LATEST}: no finished run in experiment {experiment!r} of this MLflow store; "
-                         f"run `python -m jobs.pretrain` first or pass a run id or directory")
+                         f"run `python -m jobs.pretraining` first or pass a run id or directory")
     return runs[0].info.run_id
 
 

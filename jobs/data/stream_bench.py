@@ -1,6 +1,6 @@
 """Stream benchmark: can the Ray Data stream feed a GPU?
 
-    python -m jobs.stream_bench [--corpus PATH ...] [--tokenizer DIR] --seq-len L
+    python -m jobs.data.stream_bench [--corpus PATH ...] [--tokenizer DIR] --seq-len L
 
 Prints what the cleaning skipped, the whole pipeline's tokens/s (read -> clean -> tokenize -> pack
 -> corrupt, all in Ray Data), the tokens/s of tokenization and of corruption alone on one core,
@@ -23,11 +23,11 @@ import ray
 from collections.abc import Sequence
 
 from jobs.cli import run_main
-from jobs.corpus import read_documents, skip_summary
-from jobs.config import DataConfig
+from jobs.data.config import DataConfig
+from jobs.data.corpus import read_documents, skip_summary
+from jobs.data.stream import build_stream, corrupt, corrupted, corpus_paths
+from jobs.data.tokens import load_tokenizer
 from jobs.ray_session import init_ray
-from jobs.stream import build_stream, corrupt, corrupted, corpus_paths
-from jobs.tokens import load_tokenizer
 from model import SIZES, ObjectiveConfig, flops_per_token
 
 H100_BF16_PEAK = 989e12
@@ -109,7 +109,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jobs.stream_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.data.stream_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", nargs="+", default=[], help="files, folders, globs or URIs (default: data/corpus)")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: train or reuse the cached one)")
     parser.add_argument("--seq-len", type=int, required=True)

@@ -1,20 +1,20 @@
 """An ablation study: pretrain every variant, fine-tune each, all in one MLflow experiment.
 
-    python -m jobs.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
+    python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
         [--tasks snli|glue|rte,mrpc] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--represent-pairs 500] [--tracking-uri URI] [--storage URI] [--experiment NAME]
 
-Variants are pretrained one after the other (`jobs.pretrain.run`): each pretraining run already takes
+Variants are pretrained one after the other (`jobs.pretraining.job.run`): each pretraining run already takes
 the workers its preset asks for, so on a small machine two at once would only contend, and on a
 cluster Ray Train schedules each run's workers anyway. With `--tasks`, each finished pretraining run
-is swept (`jobs.sweep.run`; default: no fine-tuning) right after it, and each is given the
-representation analysis of `jobs.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every
+is swept (`jobs.finetuning.sweep.run`; default: no fine-tuning) right after it, and each is given the
+representation analysis of `jobs.studies.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every
 run goes into one experiment (default `ablation-<preset>`) and carries its `variant` tag, so the
 MLflow UI's runs table and compare view line the variants up; `python -m analysis.report
 --experiment ablation-<preset>` writes the Table 3 style table and the figures.
 
 Re-running the same command skips what finished: a pretraining run with the same resolved config is
-reported ALREADY_FINISHED by `jobs.pretrain`, and a sweep is skipped when the experiment holds a
+reported ALREADY_FINISHED by `jobs.pretraining.job`, and a sweep is skipped when the experiment holds a
 finished sweep parent of that pretraining run with the same tasks, grid and seeds, and a run that
 holds the representation metrics is not analysed again. An unfinished pretraining run resumes
 from its last checkpoint.
@@ -24,32 +24,56 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from . import pretrain, represent, tracking
-from .cli import run_main
-from .config import resolve
-from .env import set_hermetic_env
-from .names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, REPRESENT_METRICS
-from .sweep import SweepOptions, load_grid, parse_seeds
-from .sweep import run as run_sweep
+from jobs import tracking
+
+from jobs.pretraining import job as pretrain
+
+from jobs.cli import add_options, option, options_from, run_main
+from jobs.env import set_hermetic_env
+from jobs.finetuning.sweep import SweepOptions, load_grid
+from jobs.finetuning.sweep import run as run_sweep
+from jobs.names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, REPRESENT_METRICS
+from jobs.pretraining.config import resolve
+from jobs.studies import represent
+
+
+def _variant_list(text: str) -> tuple[str, ...]:
+    variants = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not variants:
+        raise argparse.ArgumentTypeError(f"{text!r} names no variant")
+    return variants
+
+
+def _like_sweep(name: str) -> Any:
+    """A field declared as SweepOptions declares it (type, default, flag and help): one declaration."""
+    declared = SweepOptions.__dataclass_fields__[name]
+    return field(default=declared.default, metadata=declared.metadata)
 
 
 @dataclass(frozen=True)
 class AblationOptions:
-    preset: str
-    variants: tuple[str, ...]
-    overrides: tuple[str, ...] = ()  # --set, applied to every variant after its overlay
-    tasks: str | None = None  # None: pretraining only
-    grid: str = "quick"
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    max_train: int | None = None
-    max_dev: int | None = None
-    represent_pairs: int = 500  # random and similar pairs each for jobs.represent; 0 skips it
-    tracking_uri: str | None = None
-    storage: str | None = None
-    experiment: str | None = None  # default ablation-<preset>
+    variants: tuple[str, ...] = field(metadata=option(
+        "comma list of variant names, e.g. cocolm,rtd_only,clm_only", parse=_variant_list))
+    preset: str = field(default="tiny", metadata=option("the preset every variant is pretrained with"))
+    overrides: tuple[str, ...] = field(default=(), metadata=option(
+        "dotted config override for every variant, after its overlay, e.g. train.max_steps=40 (repeatable)",
+        flag="--set", repeat=True))
+    tasks: str | None = field(default=None, metadata=option(
+        "fine-tune every variant on these tasks (snli | glue | rte,mrpc); default: pretraining only"))
+    grid: str = _like_sweep("grid")
+    seeds: tuple[int, ...] = _like_sweep("seeds")
+    max_train: int | None = _like_sweep("max_train")
+    max_dev: int | None = _like_sweep("max_dev")
+    represent_pairs: int = field(default=500, metadata=option(
+        "random and similar pairs for the [CLS] cosine analysis of each run (jobs.studies.represent); 0 skips it"))
+    tracking_uri: str | None = _like_sweep("tracking_uri")
+    storage: str | None = field(default=None, metadata=option(
+        "checkpoint storage (default: $COCOLM_HOME/ray_results)"))
+    experiment: str | None = field(default=None, metadata=option("MLflow experiment (default: ablation-<preset>)"))
 
     @property
     def experiment_name(self) -> str:
@@ -110,7 +134,7 @@ def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, gr
 
 
 def _represent(client, pretraining_run: str, pairs) -> str:
-    """jobs.represent's analysis of a pretraining run, unless skipped (no pairs) or already logged there."""
+    """jobs.studies.represent's analysis of a pretraining run, unless skipped (no pairs) or already logged there."""
     if pairs is None:
         return ""
     if REPRESENT_METRICS[-1] in client.get_run(pretraining_run).data.metrics:
@@ -158,34 +182,14 @@ def comparable_metrics(client, results: list[VariantResult]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--variants", required=True, help="comma list of variant names, e.g. cocolm,rtd_only,clm_only")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="dotted config override for every variant, e.g. train.max_steps=40 (repeatable)")
-    parser.add_argument("--tasks", help="fine-tune every variant on these tasks (snli | glue | rte,mrpc); default: none")
-    parser.add_argument("--grid", default="quick", help="the sweep grid (see jobs.sweep)")
-    parser.add_argument("--seeds", default="5", type=parse_seeds, help="how many seeds, or a comma list")
-    parser.add_argument("--max-train", type=int, help="train examples per task (default: the grid's)")
-    parser.add_argument("--max-dev", type=int, help="dev examples per dev set (default: the grid's)")
-    parser.add_argument("--represent-pairs", type=int, default=500,
-                        help="pairs for the [CLS] cosine analysis of each run (jobs.represent); 0 skips it")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
-    parser.add_argument("--storage", help="checkpoint storage (default: $COCOLM_HOME/ray_results)")
-    parser.add_argument("--experiment", help="MLflow experiment (default: ablation-<preset>)")
+    parser = argparse.ArgumentParser(prog="python -m jobs.studies.ablate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser, AblationOptions)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> AblationResult:
-    args = parse_args(argv)
-    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    if not variants:
-        raise SystemExit("--variants names no variant")
-    return run(AblationOptions(
-        preset=args.preset, variants=variants, overrides=tuple(args.overrides), tasks=args.tasks, grid=args.grid,
-        seeds=args.seeds, max_train=args.max_train, max_dev=args.max_dev,
-        represent_pairs=args.represent_pairs, tracking_uri=args.tracking_uri, storage=args.storage,
-        experiment=args.experiment))
+    return run(options_from(parse_args(argv), AblationOptions))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """COCO-LM pretraining on Ray Train, tracked in MLflow, resumable.
 
-    python -m jobs.pretrain --preset tiny|small|base|base++|large++ --variant NAME [--set key.sub=value ...]
+    python -m jobs.pretraining --preset tiny|small|base|base++|large++ --variant NAME [--set key.sub=value ...]
         [--corpus PATH ...] [--tokenizer DIR] [--tracking-uri URI] [--storage URI] [--workers N]
         [--gpus-per-worker G] [--name RUN_NAME] [--experiment NAME]
 
@@ -25,16 +25,17 @@ from ray.train.torch import TorchTrainer
 
 from model.export import export_encoder
 
-from . import checkpoint, faults, tracking
-from .cli import run_main
-from .config import PretrainConfig, resolve, to_yaml, with_vocab_size
-from .corpus import skip_summary
-from .env import set_hermetic_env
-from .names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
-from .ray_session import init_ray
-from .stream import Stream, build_stream, check_inputs
-from .tokens import load_tokenizer
-from .train_loop import LoopContext, train_loop_per_worker
+from jobs import faults, tracking
+
+from jobs.data.corpus import skip_summary
+from jobs.data.stream import Stream, build_stream, check_inputs
+from jobs.data.tokens import load_tokenizer
+from jobs.env import set_hermetic_env
+from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
+from jobs.pretraining import checkpoint
+from jobs.pretraining.config import PretrainConfig, resolve, to_yaml, with_vocab_size
+from jobs.pretraining.loop import LoopContext, train_loop_per_worker
+from jobs.ray_session import init_ray
 
 
 
@@ -161,7 +162,8 @@ def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stre
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m jobs.pretraining", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -190,6 +192,3 @@ def main(argv: list[str] | None = None) -> PretrainResult:
     cfg = resolve(args.preset, args.variant, overrides_from_flags(args))
     return run(cfg, args.tracking_uri, args.storage, args.name, args.experiment)
 
-
-if __name__ == "__main__":
-    run_main(main)

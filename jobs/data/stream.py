@@ -1,6 +1,6 @@
 """The pretraining data stream on Ray Data: read -> clean -> tokenize -> pack -> corrupt.
 
-    documents (jobs.corpus)  ->  packed blocks {"input_ids": (seq_len,) int32}  ->  corrupt per batch
+    documents (jobs.data.corpus)  ->  packed blocks {"input_ids": (seq_len,) int32}  ->  corrupt per batch
 
 Packing: the documents of one tokenize batch are joined into one token stream with [SEP] after
 every document and cut into blocks of seq_len - 1 tokens, each block headed by [CLS]. A long
@@ -41,16 +41,16 @@ import numpy as np
 import ray
 import torch
 
-from jobs.config import DataConfig
-from jobs.corpus import expand_paths, read_documents, shipped_corpus
-from jobs.tokenizer import cached_default_tokenizer
-from jobs.tokens import tokenizer_from_json
+from jobs.data.config import DataConfig
+from jobs.data.corpus import expand_paths, read_documents, shipped_corpus
+from jobs.data.tokenizer import cached_default_tokenizer
+from jobs.data.tokens import tokenizer_from_json
 from model.corruption import BATCH_KEYS, SpecialTokens, make_pretraining_batch
 
 
 class Stream(NamedTuple):
     blocks: ray.data.Dataset  # packed blocks, column input_ids (seq_len,) int32
-    skips: ray.actor.ActorHandle  # jobs.corpus.SkipCounter: `skip_summary(skips)` after an epoch
+    skips: ray.actor.ActorHandle  # jobs.data.corpus.SkipCounter: `skip_summary(skips)` after an epoch
     tokenizer_dir: Path  # saved with checkpoints; its vocabulary is the model's
 
 
@@ -72,7 +72,7 @@ def check_inputs(cfg: DataConfig) -> None:
     expand_paths(corpus_paths(cfg))
     if cfg.tokenizer_dir and not (Path(cfg.tokenizer_dir) / "tokenizer.json").is_file():
         raise FileNotFoundError(f"tokenizer directory {cfg.tokenizer_dir} holds no tokenizer.json: "
-                                f"train one with `python -m jobs.tokenizer --out DIR`, or leave --tokenizer out")
+                                f"train one with `python -m jobs.data.tokenizer --out DIR`, or leave --tokenizer out")
 
 
 def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = SpecialTokens()) -> np.ndarray:

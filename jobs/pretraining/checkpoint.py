@@ -21,7 +21,7 @@ import torch
 
 from model import PretrainingObjective, build_pretraining_model
 
-from .config import PretrainConfig, from_yaml
+from jobs.pretraining.config import PretrainConfig, from_yaml
 
 
 @dataclass

@@ -4,54 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import sys
 
 import pytest
 
-from jobs.tasks import (
-    GLUE, SNLI_DEV_PAIRS, accuracy, encode_task, evaluate, f1, load_tasks, matthews_corr, pearson, ranks,
-    read_glue_hub, read_glue_task, read_snli, read_user_task, spearman, subsample,
+from jobs.finetuning.readers import (
+    SNLI_DEV_PAIRS, load_tasks, read_glue_hub, read_glue_task, read_snli, read_user_task, subsample,
 )
-
-# ----------------------------------------------------------------------------- metrics, against hand-computed values
-
-
-def test_accuracy_and_f1():
-    predictions, labels = [0, 1, 1, 0, 1], [0, 1, 0, 0, 0]
-    assert accuracy(predictions, labels) == pytest.approx(3 / 5)
-    # tp = 1 (index 1), fp = 2 (indices 2, 4), fn = 0: F1 = 2 / (2 + 2 + 0)
-    assert f1(predictions, labels) == pytest.approx(0.5)
-    assert f1([0, 0], [1, 0]) == 0.0  # no true positive
-
-
-def test_matthews_binary_multiclass_and_degenerate():
-    # tp 3, fp 1, tn 3, fn 1: (3*3 - 1*1) / sqrt(4*4*4*4) = 8 / 16
-    assert matthews_corr([1, 1, 1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1, 1, 0]) == pytest.approx(0.5)
-    # 3 classes: c=2, s=4, p=(2,1,1), t=(1,2,1): (2*4 - 5) / sqrt((16-6)(16-6)) = 3/10
-    assert matthews_corr([0, 1, 2, 0], [0, 1, 1, 2]) == pytest.approx(0.3)
-    assert matthews_corr([1, 1, 1, 1], [1, 0, 1, 0]) == 0.0  # constant predictions: 0 by convention
-    assert matthews_corr([0, 1, 0, 1], [1, 0, 1, 0]) == pytest.approx(-1.0)
-
-
-def test_pearson_and_spearman_with_ties():
-    # x mean 2.5, y mean 5: sxy 11, sxx 5, syy 26
-    assert pearson([1, 2, 3, 4], [2, 4, 5, 9]) == pytest.approx(11 / math.sqrt(130))
-    assert ranks([1, 2, 2, 3]) == [1, 2.5, 2.5, 4]
-    assert ranks([3.0, 1.0, 3.0, 3.0]) == [3, 1, 3, 3]
-    # ranks (1, 2.5, 2.5, 4) vs (1, 3, 2, 4): sxy 4.5, sxx 4.5, syy 5
-    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
-    assert spearman([1, 2, 3], [1, 8, 27]) == pytest.approx(1.0)
-    assert pearson([1, 1, 1], [1, 2, 3]) == 0.0
-
-
-def test_task_scores_follow_the_paper():
-    assert GLUE["cola"][0].score == "matthews_corr"
-    assert GLUE["sts-b"][0].score == "spearman" and "pearson" in GLUE["sts-b"][0].metrics
-    for name in ("mrpc", "qqp"):  # paper Table 1: accuracy for the rest; F1 tabled beside it
-        assert GLUE[name][0].score == "accuracy" and "f1" in GLUE[name][0].metrics
-    result = evaluate(GLUE["mrpc"][0], [0, 1, 1, 0, 1], [0, 1, 0, 0, 0])
-    assert result == pytest.approx({"accuracy": 0.6, "f1": 0.5, "score": 0.6})
+from jobs.finetuning.specs import GLUE
 
 
 # ----------------------------------------------------------------------------- GLUE fixtures in the real formats
@@ -248,26 +208,3 @@ def test_user_folder_with_train_dev_test(tmp_path):
     (task,) = load_tasks(str(folder))
     assert task.spec.name == "mytask" and task.spec.labels == ("0", "1", "2") and task.spec.kind == "classification"
     assert (len(task.train), len(task.dev["dev"]), len(task.test)) == (120, 30, 30)
-
-
-# ----------------------------------------------------------------------------- encoding
-
-
-def test_pairs_encode_as_cls_a_sep_sep_b_sep_and_truncate(tmp_path, tokenizer_dir):
-    from tokenizers import Tokenizer
-
-    write_glue(tmp_path, n=4)
-    task = read_glue_task("rte", tmp_path)
-    encoded = encode_task(task, tokenizer_dir, max_length=64)
-    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    cls, sep = vocab.token_to_id("[CLS]"), vocab.token_to_id("[SEP]")
-    first = encoded.train.ids[encoded.train.offsets[0]:encoded.train.offsets[1]].tolist()
-    a = vocab.encode("Text 0.", add_special_tokens=False).ids
-    b = vocab.encode("Hypothesis 0.", add_special_tokens=False).ids
-    assert first == [cls, *a, sep, sep, *b, sep]
-    assert encoded.train.labels.tolist() == [0, 1, 0, 1]
-    short = encode_task(task, tokenizer_dir, max_length=8)
-    assert short.train.lengths().max() <= 8 and short.truncated["train"] > 0
-    single = encode_task(read_glue_task("sst-2", tmp_path), tokenizer_dir, max_length=64)
-    one = single.dev["dev"].ids[single.dev["dev"].offsets[0]:single.dev["dev"].offsets[1]].tolist()
-    assert one[0] == cls and one[-1] == sep and sep not in one[1:-1]

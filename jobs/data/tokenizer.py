@@ -1,6 +1,6 @@
 """Tokenizer job: SentencePiece BPE (the paper's choice) trained on a corpus read through Ray Data.
 
-    python -m jobs.tokenizer [--corpus PATH ...] --vocab-size N --out DIR [--cased] [--tracking-uri URI]
+    python -m jobs.data.tokenizer [--corpus PATH ...] --vocab-size N --out DIR [--cased] [--tracking-uri URI]
 
 The output directory loads offline with `transformers.AutoTokenizer.from_pretrained(DIR)` as a
 fast tokenizer whose special tokens are [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, the order
@@ -37,8 +37,8 @@ from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import generate_merges
 
 from jobs.cli import run_main
-from jobs.config import DEFAULT_MAX_RECORD_CHARS
-from jobs.corpus import expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
+from jobs.data.config import DEFAULT_MAX_RECORD_CHARS
+from jobs.data.corpus import expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
 from jobs.ray_session import init_ray
 from jobs.tracking import check_tracking, end_run, experiment_id, log_params
 
@@ -245,7 +245,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jobs.tokenizer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.data.tokenizer", description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", nargs="+", default=[], help="files, folders, globs or URIs (default: data/corpus)")
     parser.add_argument("--vocab-size", type=int, required=True)
     parser.add_argument("--out", required=True)

@@ -1,4 +1,4 @@
-"""Fine-tuning tasks: readers, the paper's metrics, and the encoding the classifier reads.
+"""Fine-tuning task readers: GLUE, SNLI and a user's own files, each into a `Task` of labelled splits.
 
     load_tasks("glue" | "snli" | "rte,mrpc" | FILE_OR_FOLDER, glue_dir=...) -> list[Task]
 
@@ -21,8 +21,6 @@ non-numeric regression label, broken JSON) are skipped *and reported*: every `Ta
 skipped rows with file and line number (1-based physical line in the file), and the sweep prints
 them and logs them on its MLflow run. When more than `MAX_MALFORMED_FRACTION` of a file's rows
 are malformed the file is not in the format we think it is, and reading it is an error instead.
-
-Metrics are plain Python (no sklearn / scipy), each tested against hand-computed values.
 """
 
 from __future__ import annotations
@@ -33,199 +31,17 @@ import io
 import json
 import math
 import random
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-from tokenizers import Tokenizer
+from jobs.finetuning.specs import GLUE, GLUE_ALIASES, SNLI, GlueFormat, TaskSpec
 
-from .tokens import load_tokenizer
-
-SNLI_DIR = Path(__file__).resolve().parents[1] / "data" / "snli"
+SNLI_DIR = Path(__file__).resolve().parents[2] / "data" / "snli"
 SNLI_DEV_PAIRS = 5000  # held out of SNLI train for model selection (whole premises; about 5%)
 SPLIT_SEED = 0  # every fixed-seed split and subset in this module: the same data for every trial and sweep
 USER_DEV_FRACTION = 0.1  # a single user file: this much of it becomes dev
 MAX_MALFORMED_FRACTION = 0.01  # above this a file is taken to be in the wrong format: an error, not skips
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def accuracy(predictions: Sequence, labels: Sequence) -> float:
-    _same_length(predictions, labels)
-    return sum(int(p == y) for p, y in zip(predictions, labels)) / len(labels)
-
-
-def f1(predictions: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
-    """F1 of the positive class (GLUE's MRPC and QQP: 1 = paraphrase / duplicate). 0 when undefined."""
-    _same_length(predictions, labels)
-    tp = sum(1 for p, y in zip(predictions, labels) if p == positive and y == positive)
-    fp = sum(1 for p, y in zip(predictions, labels) if p == positive and y != positive)
-    fn = sum(1 for p, y in zip(predictions, labels) if p != positive and y == positive)
-    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-
-
-def matthews_corr(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    """Matthews correlation (the multi-class form, which is the usual one for two classes):
-    (c*s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2) (s^2 - sum_k t_k^2)), c correct, s total,
-    p_k / t_k predicted / true count of class k. 0 when a marginal is constant (sklearn's convention)."""
-    _same_length(predictions, labels)
-    s = len(labels)
-    c = sum(int(p == y) for p, y in zip(predictions, labels))
-    p_count, t_count = Counter(predictions), Counter(labels)
-    classes = set(p_count) | set(t_count)
-    numerator = c * s - sum(p_count[k] * t_count[k] for k in classes)
-    denominator = (s * s - sum(v * v for v in p_count.values())) * (s * s - sum(v * v for v in t_count.values()))
-    return numerator / math.sqrt(denominator) if denominator else 0.0
-
-
-def pearson(x: Sequence[float], y: Sequence[float]) -> float:
-    """Pearson correlation; 0 when either side is constant (a collapsed regressor carries no signal)."""
-    _same_length(x, y)
-    n = len(x)
-    mx, my = sum(x) / n, sum(y) / n
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = sum((a - mx) ** 2 for a in x)
-    syy = sum((b - my) ** 2 for b in y)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
-
-
-def ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for i in order[start : end + 1]:
-            out[i] = (start + end) / 2 + 1
-        start = end + 1
-    return out
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman correlation: Pearson on ranks, ties averaged."""
-    return pearson(ranks(x), ranks(y))
-
-
-def _same_length(a: Sequence, b: Sequence) -> None:
-    if len(a) != len(b) or not len(a):
-        raise ValueError(f"metrics need two non-empty sequences of one length, got {len(a)} and {len(b)}")
-
-
-METRICS = {"accuracy": accuracy, "f1": f1, "matthews_corr": matthews_corr, "pearson": pearson, "spearman": spearman}
-
-
-# ----------------------------------------------------------------------------- task definitions
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a task is: its label set, its metrics and which of them is its score."""
-
-    name: str  # lower case key: mnli, sts-b, snli, or a user task's file stem
-    display: str  # as in the paper's tables: MNLI, STS-B, ...
-    kind: str  # classification | regression
-    labels: tuple[str, ...]  # label strings in id order; () for regression
-    metrics: tuple[str, ...]  # keys of METRICS, all computed at every evaluation
-    score: str  # the one of `metrics` that ranks grid points and enters the averages
-    dev_splits: tuple[str, ...] = ("dev",)
-    targets: tuple[str, ...] = ()  # display name of each dev split's score (MNLI-m, MNLI-mm); default display
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("classification", "regression"):
-            raise ValueError(f"task {self.name}: kind must be classification or regression, not {self.kind!r}")
-        if self.score not in self.metrics or not set(self.metrics) <= set(METRICS):
-            raise ValueError(f"task {self.name}: metrics {self.metrics} must be among {sorted(METRICS)} "
-                             f"and include the score {self.score!r}")
-        if self.kind == "classification" and len(self.labels) < 2:
-            raise ValueError(f"task {self.name}: classification needs at least two labels, got {self.labels}")
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.labels) if self.kind == "classification" else 1
-
-    def target(self, dev_split: str) -> str:
-        """The name a dev split's score goes by in tables: MNLI's two dev sets are two columns."""
-        return self.targets[self.dev_splits.index(dev_split)] if self.targets else self.display
-
-
-def evaluate(spec: TaskSpec, predictions: Sequence, labels: Sequence) -> dict[str, float]:
-    """Every metric of the task, plus `score` (the task's paper metric)."""
-    out = {name: float(METRICS[name](list(predictions), list(labels))) for name in spec.metrics}
-    out["score"] = out[spec.score]
-    return out
-
-
-@dataclass(frozen=True)
-class GlueFormat:
-    """Where a GLUE task's TSV keeps its fields: header column names, or indices for header-less CoLA."""
-
-    folder: str
-    text: str | int
-    label: str | int
-    text_pair: str | int | None = None
-    header: bool = True
-    dev_files: tuple[str, ...] = ("dev.tsv",)
-    hub_config: str = ""  # nyu-mll/glue configuration name
-    hub_fields: tuple[str, str | None] = ("sentence", None)
-    hub_dev: tuple[str, ...] = ("validation",)
-
-
-_BINARY = ("0", "1")
-_NLI3 = ("contradiction", "entailment", "neutral")  # GLUE MNLI's label order
-_NLI2 = ("entailment", "not_entailment")
-
-# The paper (Table 1 caption): Spearman for STS-B, Matthews for CoLA, accuracy for the rest. So
-# MRPC's and QQP's score is accuracy; their F1 is computed, logged and tabled beside it.
-GLUE: dict[str, tuple[TaskSpec, GlueFormat]] = {
-    "mnli": (
-        TaskSpec("mnli", "MNLI", "classification", _NLI3, ("accuracy",), "accuracy",
-                 dev_splits=("dev_matched", "dev_mismatched"), targets=("MNLI-m", "MNLI-mm")),
-        GlueFormat("MNLI", "sentence1", "gold_label", "sentence2", dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
-                   hub_config="mnli", hub_fields=("premise", "hypothesis"),
-                   hub_dev=("validation_matched", "validation_mismatched")),
-    ),
-    "qqp": (
-        TaskSpec("qqp", "QQP", "classification", _BINARY, ("accuracy", "f1"), "accuracy"),
-        GlueFormat("QQP", "question1", "is_duplicate", "question2", hub_config="qqp",
-                   hub_fields=("question1", "question2")),
-    ),
-    "qnli": (
-        TaskSpec("qnli", "QNLI", "classification", _NLI2, ("accuracy",), "accuracy"),
-        GlueFormat("QNLI", "question", "label", "sentence", hub_config="qnli", hub_fields=("question", "sentence")),
-    ),
-    "sst-2": (
-        TaskSpec("sst-2", "SST-2", "classification", _BINARY, ("accuracy",), "accuracy"),
-        GlueFormat("SST-2", "sentence", "label", hub_config="sst2"),
-    ),
-    "cola": (
-        TaskSpec("cola", "CoLA", "classification", _BINARY, ("matthews_corr", "accuracy"), "matthews_corr"),
-        # No header: source, label, original label (* or empty), sentence.
-        GlueFormat("CoLA", 3, 1, header=False, hub_config="cola"),
-    ),
-    "rte": (
-        TaskSpec("rte", "RTE", "classification", _NLI2, ("accuracy",), "accuracy"),
-        GlueFormat("RTE", "sentence1", "label", "sentence2", hub_config="rte", hub_fields=("sentence1", "sentence2")),
-    ),
-    "mrpc": (
-        TaskSpec("mrpc", "MRPC", "classification", _BINARY, ("accuracy", "f1"), "accuracy"),
-        GlueFormat("MRPC", "#1 String", "Quality", "#2 String", hub_config="mrpc",
-                   hub_fields=("sentence1", "sentence2")),
-    ),
-    "sts-b": (
-        TaskSpec("sts-b", "STS-B", "regression", (), ("spearman", "pearson"), "spearman"),
-        GlueFormat("STS-B", "sentence1", "score", "sentence2", hub_config="stsb", hub_fields=("sentence1", "sentence2")),
-    ),
-}
-GLUE_ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b"}
-
-SNLI = TaskSpec("snli", "SNLI", "classification", ("contradiction", "entailment", "neutral"), ("accuracy",),
-                "accuracy")
 
 
 # ----------------------------------------------------------------------------- data containers
@@ -643,85 +459,3 @@ def subsample(task: Task, max_train: int = 0, max_dev: int = 0) -> Task:
         if len(split) < len(task.dev[name]):
             notes.append(f"{task.spec.display}: {name} cut to {len(split)} of {len(task.dev[name])} rows (seed {SPLIT_SEED})")
     return replace(task, train=train, dev=dev, notes=tuple(notes))
-
-
-# ----------------------------------------------------------------------------- encoding
-
-
-@dataclass(frozen=True)
-class EncodedSplit:
-    """Token ids of every example, ragged: example i is ids[offsets[i]:offsets[i + 1]]."""
-
-    ids: np.ndarray  # (total tokens,) int32
-    offsets: np.ndarray  # (N + 1,) int64
-    labels: np.ndarray  # (N,) int64 or float32
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-
-@dataclass(frozen=True)
-class EncodedTask:
-    spec: TaskSpec
-    train: EncodedSplit
-    dev: dict[str, EncodedSplit]
-    test: EncodedSplit | None
-    pad_id: int
-    max_length: int
-    truncated: dict[str, int] = field(default_factory=dict)  # split -> examples cut to max_length
-
-
-def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
-    """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
-    (docs/method.md section 7.1)."""
-    tokenizer = load_tokenizer(tokenizer_dir)
-    special = special_ids(tokenizer, tokenizer_dir)
-    dtype = np.int64 if task.spec.kind == "classification" else np.float32
-    splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
-    encoded = {name: encode_split(tokenizer, special, split, max_length, dtype) for name, split in splits.items()}
-    return EncodedTask(
-        task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
-        encoded["test"][0] if task.test is not None else None, special["[PAD]"], max_length,
-        {name: cut for name, (_, cut) in encoded.items()},
-    )
-
-
-def special_ids(tokenizer: Tokenizer, tokenizer_dir: str | Path) -> dict[str, int]:
-    special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
-    if None in special.values():
-        raise ValueError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
-    return special
-
-
-def encode_split(tokenizer: Tokenizer, special: dict[str, int], split: Split, max_length: int,
-                 label_dtype: type = np.int64) -> tuple[EncodedSplit, int]:
-    """One split in the fine-tuning format, and how many of its sequences were cut."""
-    first = [e.ids for e in tokenizer.encode_batch(split.text, add_special_tokens=False)]
-    second = [e.ids for e in tokenizer.encode_batch(split.text_pair, add_special_tokens=False)] \
-        if split.text_pair is not None else None
-    cls, sep = special["[CLS]"], special["[SEP]"]
-    sequences, cut = [], 0
-    for i, a in enumerate(first):
-        if second is None:
-            body = max_length - 2
-            cut += len(a) > body
-            sequences.append([cls, *a[:body], sep])
-        else:
-            b, budget = second[i], max_length - 4
-            cut += len(a) + len(b) > budget
-            a, b = _truncate_pair(a, b, budget)
-            sequences.append([cls, *a, sep, sep, *b, sep])
-    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
-    tokens = np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum()))
-    return EncodedSplit(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.asarray(split.labels, dtype=label_dtype)), cut
-
-
-def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
-    """Longest first: drop tokens from the end of whichever side is longer until both fit."""
-    a, b = list(a), list(b)
-    while len(a) + len(b) > budget:
-        (a if len(a) >= len(b) else b).pop()
-    return a, b

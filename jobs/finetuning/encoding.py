@@ -1,0 +1,93 @@
+"""Tasks into the token sequences the classifier reads: `[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from jobs.data.tokens import load_tokenizer
+
+from jobs.finetuning.readers import Split, Task
+from jobs.finetuning.specs import TaskSpec
+
+
+@dataclass(frozen=True)
+class EncodedSplit:
+    """Token ids of every example, ragged: example i is ids[offsets[i]:offsets[i + 1]]."""
+
+    ids: np.ndarray  # (total tokens,) int32
+    offsets: np.ndarray  # (N + 1,) int64
+    labels: np.ndarray  # (N,) int64 or float32
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass(frozen=True)
+class EncodedTask:
+    spec: TaskSpec
+    train: EncodedSplit
+    dev: dict[str, EncodedSplit]
+    test: EncodedSplit | None
+    pad_id: int
+    max_length: int
+    truncated: dict[str, int] = field(default_factory=dict)  # split -> examples cut to max_length
+
+
+def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
+    """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
+    (docs/method.md section 7.1)."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    special = special_ids(tokenizer, tokenizer_dir)
+    dtype = np.int64 if task.spec.kind == "classification" else np.float32
+    splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
+    encoded = {name: encode_split(tokenizer, special, split, max_length, dtype) for name, split in splits.items()}
+    return EncodedTask(
+        task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
+        encoded["test"][0] if task.test is not None else None, special["[PAD]"], max_length,
+        {name: cut for name, (_, cut) in encoded.items()},
+    )
+
+
+def special_ids(tokenizer: Tokenizer, tokenizer_dir: str | Path) -> dict[str, int]:
+    special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
+    if None in special.values():
+        raise ValueError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
+    return special
+
+
+def encode_split(tokenizer: Tokenizer, special: dict[str, int], split: Split, max_length: int,
+                 label_dtype: type = np.int64) -> tuple[EncodedSplit, int]:
+    """One split in the fine-tuning format, and how many of its sequences were cut."""
+    first = [e.ids for e in tokenizer.encode_batch(split.text, add_special_tokens=False)]
+    second = [e.ids for e in tokenizer.encode_batch(split.text_pair, add_special_tokens=False)] \
+        if split.text_pair is not None else None
+    cls, sep = special["[CLS]"], special["[SEP]"]
+    sequences, cut = [], 0
+    for i, a in enumerate(first):
+        if second is None:
+            body = max_length - 2
+            cut += len(a) > body
+            sequences.append([cls, *a[:body], sep])
+        else:
+            b, budget = second[i], max_length - 4
+            cut += len(a) + len(b) > budget
+            a, b = _truncate_pair(a, b, budget)
+            sequences.append([cls, *a, sep, sep, *b, sep])
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    tokens = np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum()))
+    return EncodedSplit(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.asarray(split.labels, dtype=label_dtype)), cut
+
+
+def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """Longest first: drop tokens from the end of whichever side is longer until both fit."""
+    a, b = list(a), list(b)
+    while len(a) + len(b) > budget:
+        (a if len(a) >= len(b) else b).pop()
+    return a, b

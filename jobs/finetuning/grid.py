@@ -1,0 +1,88 @@
+"""Fine-tuning grids (`platform/grids/*.yaml`): the search spaces per task and the grid points they give."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
+
+
+@dataclass(frozen=True)
+class Space:
+    epochs: tuple[int, ...]
+    lr: tuple[float, ...]
+    batch_size: tuple[int, ...]
+    warmup: tuple[float, ...]
+    lr_by_preset: dict[str, tuple[float, ...]] = field(default_factory=dict)  # e.g. large++'s own learning rates
+
+    def learning_rates(self, lr_set: str) -> tuple[float, ...]:
+        return self.lr_by_preset.get(lr_set, self.lr)
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    spaces: dict[str, Space]
+    tasks: dict[str, str]  # task name -> space name; "default" for tasks not named
+    max_length: int = 512
+    max_train: int = 0  # 0 = all
+    max_dev: int = 0
+
+    def space(self, task: str) -> Space:
+        name = self.tasks.get(task, self.tasks.get("default"))
+        if name is None:
+            raise ValueError(f"grid {self.name}: no space for task {task!r} and no `default` in its tasks")
+        return self.spaces[name]
+
+    def points(self, task: str, lr_set: str = "") -> list[dict[str, Any]]:
+        """Every grid point of a task, in grid order (epochs, lr, batch size, warm-up)."""
+        s = self.space(task)
+        return [{"task": task, "lr": lr, "batch_size": bs, "epochs": ep, "warmup": wu}
+                for ep in s.epochs for lr in s.learning_rates(lr_set) for bs in s.batch_size for wu in s.warmup]
+
+
+def available_grids() -> list[str]:
+    return sorted(p.stem for p in GRIDS.glob("*.yaml"))
+
+
+def load_grid(name_or_path: str) -> Grid:
+    """A grid by name (platform/grids/NAME.yaml) or a YAML file; unknown keys are errors that name them."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = GRIDS / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown grid {name_or_path!r}: neither a file nor one of {available_grids()}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    _check_keys(raw, {"max_length", "max_train", "max_dev", "spaces", "tasks"}, str(path))
+    spaces = {}
+    for name, values in (raw.get("spaces") or {}).items():
+        _check_keys(values, {f.name for f in fields(Space)}, f"{path}: spaces.{name}")
+        missing = [k for k in ("epochs", "lr", "batch_size", "warmup") if k not in values]
+        if missing:
+            raise ValueError(f"{path}: spaces.{name} lacks {missing}")
+        spaces[name] = Space(
+            epochs=tuple(int(v) for v in values["epochs"]), lr=tuple(float(v) for v in values["lr"]),
+            batch_size=tuple(int(v) for v in values["batch_size"]), warmup=tuple(float(v) for v in values["warmup"]),
+            lr_by_preset={k: tuple(float(v) for v in lrs) for k, lrs in (values.get("lr_by_preset") or {}).items()},
+        )
+    tasks = {str(k).lower(): str(v) for k, v in (raw.get("tasks") or {}).items()}
+    unknown = sorted(set(tasks.values()) - set(spaces))
+    if not spaces or unknown:
+        raise ValueError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
+    return Grid(path.stem, spaces, tasks, int(raw.get("max_length", 512)), int(raw.get("max_train", 0)),
+                int(raw.get("max_dev", 0)))
+
+
+def _check_keys(values: dict, known: set[str], where: str) -> None:
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+
+
+def trial_name(config: dict[str, Any]) -> str:
+    p = config["point"]
+    return f"{p['task']}-lr{p['lr']:g}-bs{p['batch_size']}-ep{p['epochs']}-wu{p['warmup']:g}-seed{config['seed']}"

@@ -1,0 +1,385 @@
+"""Fine-tuning sweeps on Ray Tune: a grid x seeds, medians and best points tracked in MLflow.
+
+    python -m jobs.finetuning --from RUN_ID_OR_DIR --tasks glue|snli|rte,mrpc|FILE_OR_FOLDER
+        [--grid paper|quick|GRID.yaml] [--seeds 5] [--tracking-uri URI] [--glue-dir DIR]
+        [--max-train N] [--max-dev N] [--max-length N] [--kind classification|regression]
+        [--lr-set base|large++] [--cpus-per-trial C] [--gpus-per-trial G] [--max-failures N]
+        [--experiment NAME] [--storage DIR] [--name NAME]
+
+`--from` is a pretraining MLflow run id (its exported "encoder" artifact), an exported encoder
+directory, or a pretraining checkpoint directory. Every (grid point, seed) is one Tune trial
+(`jobs/finetuning/trial.py`); trials get 1 CPU each on a CPU cluster and 0.25 GPU (+1 CPU) each where
+there are GPUs, as many at once as the cluster holds. A failed trial is retried `--max-failures`
+times; a grid point still missing a seed after that is reported as incomplete and is never
+medianed over fewer seeds (`jobs/finetuning/medians.py`).
+
+MLflow: the driver creates the store, the experiment and the sweep's parent run before any trial
+starts (several processes creating one sqlite store race), and logs every trial itself as a child
+run (`mlflow.parentRunId`) from Tune callbacks, so trials on other nodes need no access to the
+store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
+MNLI-mm chosen separately), and the task table with the GLUE average, as metrics and as CSV and
+markdown artifacts; the task table is also printed. Every run is ended explicitly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+from jobs import faults, tracking
+from jobs.cli import add_options, option, options_from
+from jobs.env import set_hermetic_env
+from jobs.finetuning.encoders import resolve_encoder
+from jobs.finetuning.encoding import EncodedTask, encode_task
+from jobs.finetuning.grid import Grid, available_grids, load_grid, trial_name
+from jobs.finetuning.readers import load_tasks, subsample
+from jobs.finetuning.tables import SweepTables, log_tables, tabulate
+from jobs.finetuning.trial import PretrainedEncoder, TrialConfig, fine_tune
+from jobs.names import (ATTEMPT_TAG, CHECKPOINT_TAG, ERROR_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, KIND_TRIAL,
+                        PRETRAINING_TAG, STUDY_TAGS, TRIAL_TAG)
+from jobs.ray_session import init_ray
+
+# ----------------------------------------------------------------------------- options and result
+
+
+def check_seeds(seeds: tuple[int, ...]) -> None:
+    """At least one seed, each a distinct non-negative integer: checked before Ray or MLflow start."""
+    if not seeds:
+        raise ValueError("no seeds: give a count (--seeds 5) or a comma list (--seeds 0,1,2)")
+    if any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """'5' -> seeds 0..4; '1,2,3' -> those seeds. An argparse type: a bad value is a usage error
+    that names the flag, before anything starts."""
+    usage = f"expected a seed count (5) or a comma list of seeds (0,1,2), got {text!r}"
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip()) if "," in text else tuple(range(int(text)))
+        check_seeds(seeds)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{usage}: {error}" if "seeds" in str(error) else usage) from None
+    return seeds
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    source: str = field(metadata=option(
+        "pretraining MLflow run id, `last` (the newest finished pretraining run), exported encoder directory, "
+        "or pretraining checkpoint directory", flag="--from"))
+    tasks: str = field(default="snli", metadata=option("glue | snli | comma list (rte,mrpc) | a task file or folder"))
+    grid: str = field(default="quick", metadata=option(f"one of {available_grids()} or a grid YAML file"))
+    seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=option(
+        "how many seeds (5 = seeds 0..4), or a comma list", parse=parse_seeds))
+    tracking_uri: str | None = field(default=None, metadata=option(
+        "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
+    glue_dir: str | None = field(default=None, metadata=option(
+        "folder with the GLUE task folders (default: the Hugging Face hub)"))
+    max_train: int | None = field(default=None, metadata=option(
+        "train examples per task, fixed-seed subset (0 = all; default: the grid's)"))
+    max_dev: int | None = field(default=None, metadata=option("dev examples per dev set (0 = all; default: the grid's)"))
+    max_length: int | None = field(default=None, metadata=option("tokens per example (default: the grid's)"))
+    kind: str | None = field(default=None, metadata=option(
+        "a user task's kind (default: inferred from the labels)", choices=("classification", "regression")))
+    lr_set: str | None = field(default=None, metadata=option(
+        "learning-rate list of the grid to use, e.g. large++ (default: the pretraining preset's)"))
+    cpus_per_trial: float = field(default=1.0, metadata=option("logical CPUs per trial"))
+    gpus_per_trial: float | None = field(default=None, metadata=option(
+        "GPUs per trial (default: 0.25 on a cluster with GPUs, else 0)"))
+    max_failures: int = field(default=2, metadata=option("Tune retries of a failed trial"))
+    experiment: str = field(default=FINETUNING_EXPERIMENT, metadata=option("MLflow experiment"))
+    storage: str | None = field(default=None, metadata=option(
+        "Tune storage: local dir or URI (default: $COCOLM_HOME/ray_results)"))
+    name: str | None = field(default=None, metadata=option("the sweep's MLflow parent run name"))
+
+    def __post_init__(self) -> None:
+        check_seeds(self.seeds)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    run_id: str  # the parent MLflow run
+    tables: SweepTables  # every trial, every grid point, the best points, the task table
+
+
+# ----------------------------------------------------------------------------- the trial (a Tune function trainable)
+
+
+def tune_trial(config: dict[str, Any], tasks: dict[str, ray.ObjectRef], encoder: PretrainedEncoder,
+               settings: dict[str, Any]) -> None:
+    """Runs inside a Tune actor: one fine-tuning run, each half-epoch evaluation reported.
+    `tasks` maps task names to object refs of their encoded data: a trial fetches only its own task."""
+    torch.set_num_threads(settings["threads"])
+    _maybe_inject_failure(trial_name(config), settings)
+    point = config["point"]
+    trial = TrialConfig(task=point["task"], lr=point["lr"], batch_size=point["batch_size"], epochs=point["epochs"],
+                        warmup=point["warmup"], seed=config["seed"])
+    result = fine_tune(trial, ray.get(tasks[point["task"]]), encoder, on_eval=tune.report)
+    tune.report({**result.history[-1], **result.flat(), "done": 1, "trial_seconds": result.seconds})
+
+
+def _maybe_inject_failure(name: str, settings: dict[str, Any]) -> None:
+    """Fault injection for tests (jobs.faults): the trial fails its first N attempts."""
+    faults.fail_first_attempts(Path(settings["marker_dir"]), name, settings["inject_failures"].get(name, 0))
+
+
+# ----------------------------------------------------------------------------- MLflow, from the driver
+
+
+class MlflowTrials(tune.Callback):
+    """Keeps one MLflow child run per trial attempt, under the sweep's parent run, and prints a line
+    per finished trial."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, base_params: dict[str, Any],
+                 total: int) -> None:
+        self.client = MlflowClient(tracking_uri)
+        self.experiment_id, self.parent_run_id, self.base_params, self.total = (experiment_id, parent_run_id,
+                                                                                base_params, total)
+        self.runs: dict[str, str] = {}  # trial id -> child run of its current attempt
+        self.attempts: dict[str, int] = {}
+        self.finished = 0
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        name = trial_name(trial.config)
+        self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={
+            "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: name, KIND_TAG: KIND_TRIAL,
+            ATTEMPT_TAG: str(self.attempts[trial.trial_id])})
+        self.runs[trial.trial_id] = run.info.run_id
+        point = {k: v for k, v in trial.config["point"].items()}
+        tracking.log_params(self.client, run.info.run_id, {**self.base_params, **point, "seed": trial.config["seed"]})
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        run_id = self.runs.get(trial.trial_id)
+        if run_id is None:
+            return
+        final = bool(result.get("done"))
+        now, step = int(time.time() * 1000), int(result.get("eval", 0))
+        metrics = [Metric(k, float(v), now, step) for k, v in result.items()
+                   if _is_trial_metric(k, v) and (not final or k.startswith("test.") or k == "trial_seconds")]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(run_id, metrics=metrics[start : start + 1000])
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.finished += 1
+        result = trial.last_result or {}
+        task = trial.config["point"]["task"]
+        scores = ", ".join(f"{k.split('.')[1]} {v:.4f}" for k, v in result.items()
+                           if k.startswith("best.") and k.endswith(".score"))
+        print(f"[{self.finished}/{self.total}] {trial_name(trial.config)}: {task} {scores} "
+              f"({result.get('trial_seconds', 0):.0f}s)", flush=True)
+        self._end(trial, ok=True)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        print(f"trial {trial_name(trial.config)} failed; retrying: {_first_line(trial)}", flush=True)
+        self._end(trial, ok=False)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.finished += 1
+        print(f"[{self.finished}/{self.total}] {trial_name(trial.config)} FAILED after "
+              f"{self.attempts.get(trial.trial_id, 1)} attempt(s): {_first_line(trial)}", flush=True)
+        self._end(trial, ok=False)
+
+    def _end(self, trial, ok: bool) -> None:
+        run_id = self.runs.pop(trial.trial_id, None)
+        if run_id is None:
+            return
+        if not ok:
+            self.client.set_tag(run_id, ERROR_TAG, _first_line(trial)[:5000])
+        tracking.end_run(self.client, run_id, ok)
+
+
+def _is_trial_metric(key: str, value: Any) -> bool:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return numeric and (key.startswith(("best.", "test.")) or "." in key or key in ("train_loss", "lr", "epoch",
+                                                                                    "trial_seconds"))
+
+
+def _first_line(trial) -> str:
+    error_file = getattr(trial, "error_file", None) or ""
+    try:
+        text = Path(error_file).read_text().strip().splitlines() if error_file else []
+    except OSError:
+        text = []
+    return text[-1] if text else "unknown error"
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def run(opts: SweepOptions) -> SweepResult:
+    """Read and encode the tasks, start the parent run, run every trial on Tune, table the medians."""
+    set_hermetic_env()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
+    grid = load_grid(opts.grid)
+    tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_tracking(tracking_uri)  # before any compute is spent
+    tracking.check_storage(opts.storage or tracking.default_storage())
+    client = MlflowClient(tracking_uri)
+    experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)  # the driver creates store + experiment
+    with tempfile.TemporaryDirectory(prefix="cocolm-sweep-") as workdir:  # the downloaded encoder: read, then gone
+        plan = _plan(opts, grid, client, tracking_uri, Path(workdir))
+    print(plan.notes, flush=True)
+    parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{'-'.join(plan.encoded)}"[:200],
+                               tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: plan.pretraining_run,
+                                     "git_commit": tracking.git_commit(),
+                                     **_from_pretraining_run(client, plan.pretraining_run, opts.source)})
+    run_id = parent.info.run_id
+    with tracking.ending_run(client, run_id):
+        tracking.log_params(client, run_id, plan.params)
+        client.log_text(run_id, plan.notes + "\n", "data_notes.txt")
+        trials = len(plan.points) * len(opts.seeds)
+        print(f"MLflow parent run {run_id} in experiment {opts.experiment!r} at {tracking_uri}: "
+              f"{len(plan.points)} grid point(s) x {len(opts.seeds)} seed(s) = {trials} trials", flush=True)
+        results = _tune(opts, plan, tracking_uri, experiment_id, run_id)
+        out = tabulate(results, plan.encoded, opts.seeds)
+        log_tables(client, run_id, out)
+    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n" + tracking.ui_links(tracking_uri, experiment_id, run_id))
+    return SweepResult(run_id, out)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    encoder: PretrainedEncoder
+    pretraining_run: str
+    encoded: dict[str, EncodedTask]  # task name -> its encoded splits
+    points: list[dict[str, Any]]
+    params: dict[str, Any]  # the parent run's params
+    notes: str  # data sizes, holdouts, subsets, truncation, skipped rows
+
+
+def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: str, workdir: Path) -> _Plan:
+    """Everything decided before Ray starts: the encoder, the encoded tasks, the grid points."""
+    encoder = resolve_encoder(opts.source, tracking_uri, workdir)
+    pretraining_run = encoder.pretraining_run or _run_of_checkpoint(client, opts.source)
+    max_length = opts.max_length or grid.max_length
+    if max_length > encoder.cfg.max_positions:
+        raise ValueError(f"max length {max_length} exceeds the encoder's {encoder.cfg.max_positions} positions")
+    max_train, max_dev = _pick(opts.max_train, grid.max_train), _pick(opts.max_dev, grid.max_dev)
+    tasks = [subsample(t, max_train, max_dev) for t in load_tasks(opts.tasks, opts.glue_dir, opts.kind)]
+    encoded = {t.spec.name: encode_task(t, encoder.tokenizer_dir, max_length) for t in tasks}
+    lr_set = _lr_set(grid, opts.lr_set, encoder.preset)
+    points = [p for t in tasks for p in grid.points(t.spec.name, lr_set)]
+    params = {"pretraining_run": pretraining_run, "from": opts.source, "tasks": opts.tasks, "grid": grid.name,
+              "seeds": ",".join(map(str, opts.seeds)), "max_length": max_length, "lr_set": lr_set,
+              "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
+              "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
+    return _Plan(encoder, pretraining_run, encoded, points, params, _describe(tasks, encoded))
+
+
+def _lr_set(grid: Grid, chosen: str | None, preset: str) -> str:
+    """The learning-rate list: --lr-set if given (it must exist), else the pretraining preset's if the grid
+    has one for it (large++), else the grid's default ("base")."""
+    known = {name for space in grid.spaces.values() for name in space.lr_by_preset}
+    if chosen is not None and chosen != "base" and chosen not in known:
+        raise ValueError(f"--lr-set {chosen!r}: grid {grid.name} has learning-rate lists for {sorted(known) or 'none'} "
+                         f"besides 'base'")
+    return chosen or (preset if preset in known else "base")
+
+
+def _pick(override: int | None, default: int) -> int:
+    return default if override is None else override
+
+
+def _describe(tasks, encoded) -> str:
+    lines = []
+    for task in tasks:
+        e = encoded[task.spec.name]
+        sizes = ", ".join(f"{k} {len(v)}" for k, v in [("train", e.train), *e.dev.items(), ("test", e.test)] if v is not None)
+        cut = ", ".join(f"{k} {v}" for k, v in e.truncated.items() if v)
+        lines.append(f"{task.spec.display} ({task.spec.kind}, score: {task.spec.score}): {sizes}"
+                     + (f"; examples truncated to {e.max_length} tokens: {cut}" if cut else ""))
+        lines += list(task.notes)
+        if task.skipped:
+            lines.append(task.skip_report())
+    return "\n".join(lines)
+
+
+def _run_of_checkpoint(client: MlflowClient, source: str) -> str:
+    """The pretraining run whose final checkpoint is `source` (its `cocolm.checkpoint` tag), if this store has it."""
+    if not Path(source).is_dir():
+        return ""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    wanted = str(Path(source).resolve()).replace("'", "\\'")
+    runs = client.search_runs(experiments, filter_string=f"tags.`{CHECKPOINT_TAG}` = '{wanted}'", max_results=1) \
+        if experiments else []
+    return runs[0].info.run_id if runs else ""
+
+
+def _from_pretraining_run(client: MlflowClient, pretraining_run: str, source: str) -> dict[str, str]:
+    """Parent-run tags from the pretraining run: a note linking to it, and its study tags (preset, variant)
+    so that sweeps line up with their pretraining runs in the UI's compare view."""
+    note = "mlflow.note.content"
+    if not pretraining_run:
+        return {note: f"Fine-tuning sweep of `{source}` (no pretraining run in this store)."}
+    try:
+        run = client.get_run(pretraining_run)
+    except Exception:  # the run lives in another store: name it, link nothing
+        return {note: f"Fine-tuning sweep of pretraining run {pretraining_run}."}
+    link = f"[{pretraining_run}](#/experiments/{run.info.experiment_id}/runs/{pretraining_run})"
+    study = {k: run.data.tags[k] for k in STUDY_TAGS if k in run.data.tags}
+    return {note: f"Fine-tuning sweep of pretraining run {link}.", **study}
+
+
+def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None) -> dict[str, float]:
+    """1 CPU per trial; 0.25 GPU per trial where the cluster has GPUs (four small fine-tunings share one)."""
+    if gpus_per_trial is None:
+        gpus_per_trial = 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
+
+
+def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str, parent_run_id: str):
+    init_ray()
+    storage = opts.storage or tracking.default_storage()
+    resources = trial_resources(opts.cpus_per_trial, opts.gpus_per_trial)
+    settings = {"threads": max(1, int(opts.cpus_per_trial)), "inject_failures": faults.planned().trials,
+                "marker_dir": str(Path(storage) / f"sweep-{parent_run_id}" / "injected_failures")}
+    refs = {name: ray.put(task) for name, task in plan.encoded.items()}
+    trainable = tune.with_resources(tune.with_parameters(tune_trial, tasks=refs, encoder=plan.encoder,
+                                                         settings=settings), resources)
+    child_params = {"pretraining_run": plan.pretraining_run, "max_length": plan.params["max_length"]}
+    callback = MlflowTrials(tracking_uri, experiment_id, parent_run_id, child_params,
+                                len(plan.points) * len(opts.seeds))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"point": tune.grid_search(plan.points), "seed": tune.grid_search(list(opts.seeds))},
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,  # a trial reseeds everything; reusing the process saves the torch import per trial
+            trial_name_creator=lambda t: trial_name(t.config),
+            trial_dirname_creator=lambda t: f"{trial_name(t.config)}-{t.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            name=f"sweep-{parent_run_id}", storage_path=storage, verbose=0,
+            failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+            callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()],  # no TensorBoard (jobs.env)
+        ),
+    )
+    print(f"trials get {resources} each", flush=True)
+    return tuner.fit()
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.finetuning", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser, SweepOptions)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> SweepResult:
+    return run(options_from(parse_args(argv), SweepOptions))

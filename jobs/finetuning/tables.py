@@ -1,0 +1,101 @@
+"""A sweep's results as tables: one row per trial, statistics over seeds per grid point, the best point per
+task and the task table (with GLUE AVG), printed, and logged on the parent run as metrics and artifacts."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from ray.tune import Result
+
+from jobs.finetuning.encoding import EncodedTask
+from jobs.finetuning.grid import trial_name
+from jobs.finetuning.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
+from jobs.names import best_point_tag, best_split_metric, best_task_metric
+
+
+@dataclass(frozen=True)
+class SweepTables:
+    trials: pd.DataFrame  # one row per (target, grid point, seed)
+    summary: pd.DataFrame  # statistics over seeds per grid point (jobs.finetuning.medians.summarize)
+    best: pd.DataFrame  # the best complete grid point per task
+    table: pd.DataFrame  # the task table (with GLUE AVG when GLUE)
+    markdown: str  # what the sweep prints
+
+
+def trial_records(results: Sequence[Result], encoded: dict[str, EncodedTask]) -> list[dict[str, Any]]:
+    """One row per (target, trial): MNLI's trials give an MNLI-m and an MNLI-mm row. A failed trial's
+    rows have no score, so `summarize` counts their seeds as missing."""
+    rows = []
+    for result in results:
+        config, metrics = result.config, result.metrics or {}
+        ok = result.error is None and bool(metrics.get("done"))
+        point = config["point"]
+        spec = encoded[point["task"]].spec
+        for i, split in enumerate(spec.dev_splits):
+            row = {"task": spec.target(split), **{k: point[k] for k in GRID_COLUMNS}, "seed": config["seed"],
+                   "trial": trial_name(config), "metric": spec.score, "status": "ok" if ok else "failed",
+                   "score": metrics.get(best_split_metric(split, "score"), math.nan) if ok else math.nan}
+            for name in spec.metrics:
+                if name != spec.score:
+                    row[name] = metrics.get(best_split_metric(split, name), math.nan) if ok else math.nan
+            if i == 0 and encoded[point["task"]].test is not None:  # test: the weights of the first dev set's best
+                for name in spec.metrics:
+                    row[f"test_{name}"] = metrics.get(f"test.{name}", math.nan) if ok else math.nan
+            rows.append(row)
+    return rows
+
+
+def tabulate(results: Sequence[Result], encoded: dict[str, EncodedTask], seeds: Sequence[int]) -> SweepTables:
+    trials = pd.DataFrame(trial_records(results, encoded))
+    fixed = {"task", *GRID_COLUMNS, "seed", "trial", "metric", "status", "score"}
+    extra = [c for c in trials.columns if c not in fixed]
+    summary = summarize(trials, seeds, extra=extra)
+    metric_of = dict(zip(trials["task"], trials["metric"]))
+    summary.insert(1, "metric", summary["task"].map(metric_of))
+    best = best_points(summary)
+    table = task_table(best)
+    shown = ["task", "metric", "score_median", "score_mean", "score_std", "score_min", "score_max",
+             *(f"{c}_median" for c in extra), *GRID_COLUMNS, "seeds_done", "seeds_expected", "missing_seeds", "complete"]
+    markdown = "Task table (best grid point per task, statistics over seeds; scores x100)\n\n" + to_markdown(table[shown])
+    if len(summary) <= 40:
+        markdown = ("Grid points (statistics over seeds; scores x100)\n\n" + to_markdown(summary) + "\n" + markdown)
+    return SweepTables(trials, summary, best, table, markdown)
+
+
+def point_key(row) -> str:
+    return f"lr_{row['lr']:g}.bs_{int(row['batch_size'])}.ep_{int(row['epochs'])}.wu_{row['warmup']:g}"
+
+
+def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
+    """Per grid point and best point statistics as parent metrics; every table as CSV and markdown artifacts."""
+    now, metrics = int(time.time() * 1000), []
+    for _, row in out.summary.iterrows():
+        key = f"{row['task']}/{point_key(row)}"
+        metrics.append(Metric(f"{key}/seeds_done", float(row["seeds_done"]), now, 0))
+        if row["complete"]:
+            metrics += [Metric(f"{key}/{stat}", float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+    for _, row in out.table.iterrows():
+        if row["task"] == GLUE_AVG:
+            metrics.append(Metric("glue_avg", float(row["score_median"]), now, 0))
+        elif pd.notna(row["score_median"]):
+            metrics += [Metric(best_task_metric(row["task"], stat), float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+    metrics.append(Metric("trials_failed", float((out.trials.drop_duplicates("trial")["status"] == "failed").sum()), now, 0))
+    metrics.append(Metric("points_incomplete", float((~out.summary["complete"]).sum()), now, 0))
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    for _, row in out.best.iterrows():
+        if bool(row["complete"]):
+            client.set_tag(run_id, best_point_tag(row["task"]), point_key(row))
+    for name, df in (("trials", out.trials), ("grid_points", out.summary), ("best_points", out.best),
+                     ("task_table", out.table)):
+        client.log_text(run_id, df.to_csv(index=False), f"{name}.csv")
+        if name != "trials":
+            client.log_text(run_id, to_markdown(df), f"{name}.md")
+    client.log_text(run_id, out.markdown, "summary.md")

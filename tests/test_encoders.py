@@ -1,0 +1,58 @@
+"""jobs.finetuning.encoders: the encoder a sweep fine-tunes, from an export, a checkpoint or the newest run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from jobs.finetuning.encoders import encoder_from_checkpoint, resolve_encoder
+from model import Encoder
+from model.classifier import SequenceClassifier, load_encoder
+from conftest import tiny_encoder_config
+
+
+def test_load_encoder_reads_the_export_with_our_encoder(exported, tokenizer_dir):
+    from safetensors.torch import load_file
+
+    encoder = load_encoder(exported).eval()
+    original = Encoder(tiny_encoder_config(tokenizer_dir))
+    original.load_state_dict({k.removeprefix("encoder."): v for k, v in load_file(str(exported / "model.safetensors")).items()})
+    ids = torch.randint(5, 100, (2, 12))
+    torch.testing.assert_close(encoder(ids), original.eval()(ids))
+    classifier = SequenceClassifier(encoder, 3)
+    assert classifier(ids).shape == (2, 3)
+    assert [type(m).__name__ for m in classifier.head.children()] == ["Dropout", "Linear", "Linear"]  # dropout reused
+
+
+def test_a_checkpoint_dir_gives_its_main_encoder(tmp_path, tokenizer_dir):
+    from jobs.pretraining import checkpoint
+    from jobs.pretraining.checkpoint import TrainState
+    from jobs.pretraining.config import resolve, to_yaml, with_vocab_size
+    from jobs.pretraining.loop import build_training
+
+    cfg = resolve("tiny", "cocolm", ["model.hidden_size=32", "model.ffn_size=64", "model.max_positions=64"])
+    cfg = with_vocab_size(cfg, tiny_encoder_config(tokenizer_dir).vocab_size)
+    model, optimizer, scheduler = build_training(cfg)
+    checkpoint.save(tmp_path / "ckpt", model, optimizer, scheduler, TrainState(step=3), to_yaml(cfg), tokenizer_dir)
+    source = resolve_encoder(str(tmp_path / "ckpt"), None, tmp_path)
+    assert source.preset == "tiny" and source.tokenizer_dir == tmp_path / "ckpt" / "tokenizer"
+    for key, value in model.main.state_dict().items():
+        torch.testing.assert_close(source.state[key], value)
+    assert encoder_from_checkpoint(tmp_path / "ckpt").cfg == model.main.cfg
+
+
+def test_from_last_picks_the_newest_finished_pretraining_run(tmp_path):
+    from jobs.finetuning.encoders import latest_pretraining_run
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(ValueError, match="no finished run"):
+        latest_pretraining_run(client)
+    experiment = client.create_experiment("pretraining", artifact_location=(tmp_path / "art").as_uri())
+    older, newer, running = (client.create_run(experiment).info.run_id for _ in range(3))
+    for run_id in (older, newer):
+        time.sleep(0.01)
+        client.set_terminated(run_id, "FINISHED")
+    assert latest_pretraining_run(client) == newer

@@ -1,0 +1,40 @@
+"""jobs.finetuning.grid: the paper grid, grid errors, learning rates per pretraining preset."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from jobs.finetuning.sweep import load_grid, parse_seeds
+
+
+def test_the_paper_grid_is_table_7():
+    grid = load_grid("paper")
+    assert grid.max_length == 512
+    assert len(grid.points("cola")) == 4 * 4 * 2 * 2 and len(grid.points("mnli")) == 3 * 4
+    assert {p["lr"] for p in grid.points("rte", "large++")} == {7e-6, 1e-5, 2e-5, 3e-5}
+    assert {p["lr"] for p in grid.points("qqp", "large++")} == {5e-6, 7e-6, 1e-5, 2e-5}
+    assert {p["lr"] for p in grid.points("sst-2", "base")} == {1e-5, 2e-5, 3e-5, 4e-5}
+    assert {p["warmup"] for p in grid.points("sts-b")} == {0.06, 0.1} and {p["batch_size"] for p in grid.points("qnli")} == {32}
+    assert load_grid("paper").space("my-own-task") == grid.spaces["small"]
+    quick = load_grid("quick")
+    assert quick.max_length <= 128 and 0 < quick.max_train <= 10_000 and len(quick.points("snli")) * 5 <= 20
+
+
+def test_grid_errors_name_the_key(tmp_path):
+    (tmp_path / "g.yaml").write_text("spaces: {s: {epochs: [1], lr: [1e-3], batch_size: [8], warmup: [0.1], lrs: [1]}}\n")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['lrs'\]"):
+        load_grid(str(tmp_path / "g.yaml"))
+    with pytest.raises(ValueError, match="unknown grid 'nope'"):
+        load_grid("nope")
+    assert parse_seeds("5") == (0, 1, 2, 3, 4) and parse_seeds("1,7") == (1, 7)
+
+
+def test_learning_rate_list_follows_the_pretraining_preset():
+    from jobs.finetuning.sweep import _lr_set
+
+    grid = load_grid("paper")
+    assert _lr_set(grid, None, "large++") == "large++" and _lr_set(grid, None, "tiny") == "base"
+    assert _lr_set(grid, "base", "large++") == "base"
+    with pytest.raises(ValueError, match="--lr-set 'huge'"):
+        _lr_set(grid, "huge", "")
