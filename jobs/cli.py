@@ -1,9 +1,9 @@
 """The one way a job's command runs: options declared once, as a dataclass; a user's mistake is one line.
 
 A job declares its options as a frozen dataclass whose fields carry `option(help=...)` metadata;
-`add_options` turns the fields into argparse flags (`--max-train` for `max_train`) and
-`options_from` turns the parsed flags back into the dataclass, so `main(argv)` is
-`run(options_from(parser.parse_args(argv), Options))` and the tests call `run(Options(...))`.
+`parse_options` turns the fields into argparse flags (`--max-train` for `max_train`) and the parsed
+flags back into the dataclass, so `main(argv)` is `run(parse_options(PROG, __doc__, Options, argv))`
+and the tests call `run(Options(...))`.
 
 A bad argument, a missing path or a malformed file (ValueError and OSError from the checks that run
 before any compute) prints `error: <message>` on stderr and exits 1, without a traceback that buries
@@ -63,6 +63,13 @@ def add_options(parser: argparse.ArgumentParser, cls: type, only: Iterable[str] 
         else:
             kwargs.update(default=default, type=meta["parse"] or _scalar(hints[f.name]), choices=meta["choices"])
         parser.add_argument(meta["flag"] or "--" + f.name.replace("_", "-"), **kwargs)
+
+
+def parse_options(prog: str, doc: str | None, cls: type, argv: list[str] | None) -> Any:
+    """The options dataclass `cls` from the command line, `--help` showing `doc`."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser, cls)
+    return options_from(parser.parse_args(argv), cls)
 
 
 def options_from(args: argparse.Namespace, cls: type, **values: Any) -> Any:

@@ -11,7 +11,7 @@ of MFU; with --peer all, --variant against hf-electra and roberta_mlm against hf
 table of all four and, at base / T=512 on a GPU, the targets (below) marked met or NOT met.
 --profile adds torch.profiler's costliest operators (CUDA kernels on a GPU) of each side.
 FLOPs come from `model.flops` (its docstring states the formula; the peers are counted by the
-same rules). Runs with plain torch (transformers only for --peer): no Ray, no MLflow.
+same rules). Runs with torch and transformers (for the peers): no Ray, no MLflow.
 
 On a GPU, first check the fused kernels against the reference attention (forward and backward),
 the compiled step against the eager one, and that SDPA runs its fused kernel (a few minutes, mostly
@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
+import transformers
 from torch import nn
 
 from .attention import ATTENTION_CHOICES, flex_failure, resolve_attention
@@ -291,8 +292,6 @@ def _hf_dims(cfg: EncoderConfig) -> dict:
 
 def build_peer(name: str, model_cfg: ModelConfig) -> ElectraPeer | RobertaPeer:
     """A peer with our preset's dimensions, random weights, built from configs (no download)."""
-    import transformers  # heavy, and only the peers need it
-
     if name == "hf-electra":
         def electra(cfg: EncoderConfig) -> transformers.ElectraConfig:
             return transformers.ElectraConfig(

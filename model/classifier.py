@@ -9,10 +9,11 @@ transformers: the exported model and the fine-tuned one are one implementation.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from .config import EncoderConfig
@@ -48,13 +49,14 @@ class SequenceClassifier(nn.Module):
         return self.head(hidden[:, 0])  # (B, num_outputs)
 
 
-_DEFAULTED = {f.name for f in fields(EncoderConfig) if f.default is not MISSING}
+# The sizes an export must state; the other fields have their defaults in EncoderConfig.
+_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "embedding_size")
 
 
 def encoder_config(config_json: dict) -> EncoderConfig:
     """The EncoderConfig fields of an exported config.json (it also holds transformers' own keys)."""
     names = {f.name for f in fields(EncoderConfig)}
-    missing = sorted(n for n in names if n not in config_json and n not in _DEFAULTED)
+    missing = [n for n in _SIZES if n not in config_json]
     if missing:
         raise ValueError(f"config.json lacks encoder field(s) {missing}: not a COCO-LM export?")
     return EncoderConfig(**{k: v for k, v in config_json.items() if k in names})
@@ -62,8 +64,6 @@ def encoder_config(config_json: dict) -> EncoderConfig:
 
 def load_encoder(directory: str | Path) -> Encoder:
     """Our `Encoder` with the weights of an exported directory (config.json + model.safetensors)."""
-    from safetensors.torch import load_file  # small, but only this function needs it
-
     directory = Path(directory)
     cfg = encoder_config(json.loads((directory / "config.json").read_text()))
     weights = load_file(str(directory / "model.safetensors"))

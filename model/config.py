@@ -9,16 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-@dataclass(frozen=True)
-class EncoderConfig:
-    """One Transformer encoder: the main encoder or the auxiliary model."""
+@dataclass(frozen=True, kw_only=True)
+class EncoderShape:
+    """The fields every encoder is built from, declared once: `EncoderConfig` describes one encoder with
+    them, `ModelConfig` the main encoder (its auxiliary derived from it), and the exported
+    transformers config (`hf_configuration.COCOLMConfig`) takes exactly EncoderConfig's fields.
+    Defaults are the base size."""
 
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    ffn_size: int
-    embedding_size: int  # width of the shared token embeddings; != hidden_size only for electra_aux
+    vocab_size: int = 32768
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    ffn_size: int = 3072
     max_positions: int = 512
     relative_position: bool = True  # False for the no_rel_pos ablation
     rel_pos_buckets: int = 32
@@ -28,31 +30,25 @@ class EncoderConfig:
     layer_norm_eps: float = 1e-5
     pad_token_id: int = 0
 
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderConfig(EncoderShape):
+    """One Transformer encoder: the main encoder or the auxiliary model."""
+
+    embedding_size: int = 768  # width of the shared token embeddings; != hidden_size only for electra_aux
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(EncoderShape):
     """Main encoder plus auxiliary ("generator") model. The auxiliary shares width, FFN and heads
     with the main encoder unless `aux_width_divisor` shrinks it (ELECTRA's auxiliary)."""
 
-    vocab_size: int = 32768
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    ffn_size: int = 3072
     aux_layers: int | None = 4  # None: as deep as the main encoder (ELECTRA's auxiliary)
     aux_width_divisor: int = 1  # 3 gives ELECTRA's 1/3-width auxiliary, joined to the embeddings by a projection
-    max_positions: int = 512
-    relative_position: bool = True
-    rel_pos_buckets: int = 32
-    rel_pos_max_distance: int = 128
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    layer_norm_eps: float = 1e-5
-    pad_token_id: int = 0
 
     def __post_init__(self) -> None:
         for name, width, heads in (("main", self.hidden_size, self.num_heads), ("aux", *self._aux_width_heads())):
@@ -67,8 +63,8 @@ class ModelConfig:
         return width, width // head_dim
 
     def _encoder(self, **sizes: int) -> EncoderConfig:
-        shared = {f.name: getattr(self, f.name) for f in fields(EncoderConfig) if hasattr(self, f.name)}
-        return EncoderConfig(**{**shared, "embedding_size": self.hidden_size, **sizes})
+        shape = {f.name: getattr(self, f.name) for f in fields(EncoderShape)}
+        return EncoderConfig(**{**shape, "embedding_size": self.hidden_size, **sizes})
 
     @property
     def main(self) -> EncoderConfig:

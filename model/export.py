@@ -11,13 +11,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .encoder import Encoder
+from .hf_configuration import COCOLMConfig
+from .hf_modeling import COCOLMModel
 
 
 def export_encoder(encoder: Encoder, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
     """Write the encoder (and, if given, the tokenizer files) as a transformers model directory."""
-    from .hf_configuration import COCOLMConfig  # transformers is heavy: imported only here
-    from .hf_modeling import COCOLMModel
-
     out = Path(out_dir)
     COCOLMConfig.register_for_auto_class()
     COCOLMModel.register_for_auto_class("AutoModel")

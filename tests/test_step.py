@@ -99,7 +99,7 @@ def test_param_groups_decay_weight_matrices_only():
 def test_the_job_and_the_benchmark_run_the_same_step(monkeypatch):
     """The Ray worker loop builds `model.step.TrainingStep` (the module is imported by name, so a copy
     would show), and the benchmark's timed calls are that class's optimizer steps."""
-    train_loop_source = (ROOT / "jobs" / "train_loop.py").read_text()
+    train_loop_source = (ROOT / "jobs" / "pretraining" / "loop.py").read_text()
     assert "from model.step import TrainingStep" in train_loop_source and "TrainingStep(" in train_loop_source
     updates = []
     original = step_module.TrainingStep.update

@@ -40,7 +40,7 @@ from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from jobs import faults, tracking
-from jobs.cli import add_options, option, options_from
+from jobs.cli import option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.encoding import EncodedTask, encode_task
@@ -374,12 +374,5 @@ def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str
 # ----------------------------------------------------------------------------- command line
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jobs.finetuning", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_options(parser, SweepOptions)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> SweepResult:
-    return run(options_from(parse_args(argv), SweepOptions))
+    return run(parse_options("python -m jobs.finetuning", __doc__, SweepOptions, argv))

@@ -32,7 +32,7 @@ from jobs import tracking
 
 from jobs.pretraining import job as pretrain
 
-from jobs.cli import add_options, option, options_from, run_main
+from jobs.cli import option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.sweep import SweepOptions, load_grid
 from jobs.finetuning.sweep import run as run_sweep
@@ -181,15 +181,8 @@ def comparable_metrics(client, results: list[VariantResult]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jobs.studies.ablate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_options(parser, AblationOptions)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> AblationResult:
-    return run(options_from(parse_args(argv), AblationOptions))
+    return run(parse_options("python -m jobs.studies.ablate", __doc__, AblationOptions, argv))
 
 
 if __name__ == "__main__":
