@@ -41,10 +41,14 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
 
 
 def option(help: str, flag: str | None = None, parse: Callable[[str], Any] | None = None,
-           choices: Iterable[str] | None = None, repeat: bool = False) -> dict[str, Any]:
+           choices: Iterable[str] | None = None, repeat: bool = False, many: bool = False,
+           metavar: str | None = None) -> dict[str, Any]:
     """Field metadata for `add_options`: the flag's help, its name when not `--<field-name>`, the argparse
-    type when the field's own type cannot parse a string, its choices, and whether it repeats."""
-    return {"help": help, "flag": flag, "parse": parse, "choices": choices, "repeat": repeat}
+    type when the field's own type cannot parse a string, its choices, whether the flag repeats
+    (`--set A --set B`) and whether it takes several values (`--corpus A B`). A bool field becomes
+    `--name` / `--no-name`."""
+    return {"help": help, "flag": flag, "parse": parse, "choices": choices, "repeat": repeat, "many": many,
+            "metavar": metavar}
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type, only: Iterable[str] | None = None) -> None:
@@ -59,7 +63,11 @@ def add_options(parser: argparse.ArgumentParser, cls: type, only: Iterable[str] 
         default = None if required else f.default if f.default is not dataclasses.MISSING else f.default_factory()
         kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "required": required}
         if meta["repeat"]:
-            kwargs.update(action="append", default=[], metavar="VALUE")
+            kwargs.update(action="append", default=[], metavar=meta["metavar"])
+        elif hints[f.name] is bool:
+            kwargs.update(action=argparse.BooleanOptionalAction, default=default)
+        elif meta["many"]:
+            kwargs.update(nargs="+", default=default, type=meta["parse"] or str)
         else:
             kwargs.update(default=default, type=meta["parse"] or _scalar(hints[f.name]), choices=meta["choices"])
         parser.add_argument(meta["flag"] or "--" + f.name.replace("_", "-"), **kwargs)

@@ -31,10 +31,8 @@ def test_grid_errors_name_the_key(tmp_path):
 
 
 def test_learning_rate_list_follows_the_pretraining_preset():
-    from jobs.finetuning.sweep import _lr_set
-
     grid = load_grid("paper")
-    assert _lr_set(grid, None, "large++") == "large++" and _lr_set(grid, None, "tiny") == "base"
-    assert _lr_set(grid, "base", "large++") == "base"
+    assert grid.lr_set(None, "large++") == "large++" and grid.lr_set(None, "tiny") == "base"
+    assert grid.lr_set("base", "large++") == "base"
     with pytest.raises(ValueError, match="--lr-set 'huge'"):
-        _lr_set(grid, "huge", "")
+        grid.lr_set("huge", "")

@@ -16,7 +16,6 @@ tokenizer gives the same ids as SentencePiece on real text.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -24,6 +23,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,7 @@ from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import generate_merges
 
-from jobs.cli import run_main
+from jobs.cli import option, parse_options, run_main
 from jobs.data.config import DEFAULT_MAX_RECORD_CHARS
 from jobs.data.corpus import expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
 from jobs.ray_session import init_ray
@@ -228,36 +228,36 @@ def log_tokenizer(out_dir: Path, tracking_uri: str, experiment: str = "tokenizer
     return run_id
 
 
-def run(
-    paths: Sequence[str], vocab_size: int, out_dir: str, cased: bool = False,
-    max_sentences: int = 2_000_000, sample_fraction: float = 1.0, tracking_uri: str | None = None,
-) -> Path:
+@dataclass(frozen=True)
+class TokenizerOptions:
+    vocab_size: int = field(metadata=option("pieces in the vocabulary, special tokens included"))
+    out: str = field(metadata=option("directory to write the tokenizer to"))
+    corpus: tuple[str, ...] = field(default=(), metadata=option(
+        "files, folders, globs or URIs (default: data/corpus)", many=True))
+    cased: bool = field(default=False, metadata=option("keep case (default: lower-case)"))
+    max_sentences: int = field(default=2_000_000, metadata=option("cap on training sentences"))
+    sample_fraction: float = field(default=1.0, metadata=option("sample this fraction of sentences first"))
+    tracking_uri: str | None = field(default=None, metadata=option(
+        "MLflow tracking URI: log the tokenizer as an artifact"))
+
+
+def run(opts: TokenizerOptions) -> Path:
     init_ray()
-    out = train_tokenizer(paths or shipped_corpus(), vocab_size, out_dir, cased, max_sentences, sample_fraction)
+    out = train_tokenizer(opts.corpus or shipped_corpus(), opts.vocab_size, opts.out, opts.cased, opts.max_sentences,
+                          opts.sample_fraction)
     info = json.loads((out / INFO_FILE).read_text())
-    print(f"tokenizer: {out} (vocab {vocab_size}, {'cased' if cased else 'uncased'}, {info['sentences']} sentences)")
+    print(f"tokenizer: {out} (vocab {opts.vocab_size}, {'cased' if opts.cased else 'uncased'}, "
+          f"{info['sentences']} sentences)")
     print(f"documents kept: {info['documents']} from {info['files_read']} files; skipped: {info['skipped'] or 'nothing'}")
     for reason, files in info["skipped_files"].items():
         print(f"  {reason}: {', '.join(files)}")
-    if tracking_uri:
-        print(f"logged to MLflow run {log_tokenizer(out, tracking_uri)}")
+    if opts.tracking_uri:
+        print(f"logged to MLflow run {log_tokenizer(out, opts.tracking_uri)}")
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jobs.data.tokenizer", description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", nargs="+", default=[], help="files, folders, globs or URIs (default: data/corpus)")
-    parser.add_argument("--vocab-size", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    case = parser.add_mutually_exclusive_group()
-    case.add_argument("--cased", dest="cased", action="store_true", help="keep case")
-    case.add_argument("--uncased", dest="cased", action="store_false", help="lower-case (the default)")
-    parser.add_argument("--max-sentences", type=int, default=2_000_000, help="cap on training sentences")
-    parser.add_argument("--sample-fraction", type=float, default=1.0, help="sample this fraction of sentences first")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI: log the tokenizer as an artifact")
-    args = parser.parse_args(argv)
-    run(args.corpus, args.vocab_size, args.out, args.cased, args.max_sentences, args.sample_fraction, args.tracking_uri)
-
+def main(argv: list[str] | None = None) -> Path:
+    return run(parse_options("python -m jobs.data.tokenizer", __doc__, TokenizerOptions, argv))
 
 if __name__ == "__main__":
     run_main(main)

@@ -44,6 +44,15 @@ class Grid:
         return [{"task": task, "lr": lr, "batch_size": bs, "epochs": ep, "warmup": wu}
                 for ep in s.epochs for lr in s.learning_rates(lr_set) for bs in s.batch_size for wu in s.warmup]
 
+    def lr_set(self, chosen: str | None, preset: str) -> str:
+        """The learning-rate list: `chosen` (--lr-set) if given (it must exist), else the pretraining
+        preset's if the grid has one for it (large++), else the grid's default ("base")."""
+        known = {name for space in self.spaces.values() for name in space.lr_by_preset}
+        if chosen is not None and chosen != "base" and chosen not in known:
+            raise ValueError(f"--lr-set {chosen!r}: grid {self.name} has learning-rate lists for "
+                             f"{sorted(known) or 'none'} besides 'base'")
+        return chosen or (preset if preset in known else "base")
+
 
 def available_grids() -> list[str]:
     return sorted(p.stem for p in GRIDS.glob("*.yaml"))

@@ -271,23 +271,13 @@ def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: st
     max_train, max_dev = _pick(opts.max_train, grid.max_train), _pick(opts.max_dev, grid.max_dev)
     tasks = [subsample(t, max_train, max_dev) for t in load_tasks(opts.tasks, opts.glue_dir, opts.kind)]
     encoded = {t.spec.name: encode_task(t, encoder.tokenizer_dir, max_length) for t in tasks}
-    lr_set = _lr_set(grid, opts.lr_set, encoder.preset)
+    lr_set = grid.lr_set(opts.lr_set, encoder.preset)
     points = [p for t in tasks for p in grid.points(t.spec.name, lr_set)]
     params = {"pretraining_run": pretraining_run, "from": opts.source, "tasks": opts.tasks, "grid": grid.name,
               "seeds": ",".join(map(str, opts.seeds)), "max_length": max_length, "lr_set": lr_set,
               "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
               "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
     return _Plan(encoder, pretraining_run, encoded, points, params, _describe(tasks, encoded))
-
-
-def _lr_set(grid: Grid, chosen: str | None, preset: str) -> str:
-    """The learning-rate list: --lr-set if given (it must exist), else the pretraining preset's if the grid
-    has one for it (large++), else the grid's default ("base")."""
-    known = {name for space in grid.spaces.values() for name in space.lr_by_preset}
-    if chosen is not None and chosen != "base" and chosen not in known:
-        raise ValueError(f"--lr-set {chosen!r}: grid {grid.name} has learning-rate lists for {sorted(known) or 'none'} "
-                         f"besides 'base'")
-    return chosen or (preset if preset in known else "base")
 
 
 def _pick(override: int | None, default: int) -> int:

@@ -11,12 +11,11 @@ checkpoint, in the same MLflow run; a finished run is reported and not run again
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray.train
@@ -30,6 +29,7 @@ from jobs import faults, tracking
 from jobs.data.corpus import skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs
 from jobs.data.tokens import load_tokenizer
+from jobs.cli import option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
@@ -161,34 +161,35 @@ def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stre
     client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_path)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jobs.pretraining", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--variant", default="cocolm")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="dotted config override, e.g. train.max_steps=40 (repeatable)")
-    parser.add_argument("--corpus", nargs="+", help="files, folders, globs or URIs (default: the shipped corpus)")
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: one trained for the corpus, cached)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
-    parser.add_argument("--storage", help="checkpoint storage: local dir or s3:// gs:// URI (default: $COCOLM_HOME)")
-    parser.add_argument("--workers", type=int, help="Ray Train workers (sets cluster.workers)")
-    parser.add_argument("--gpus-per-worker", type=float, help="sets cluster.gpus_per_worker")
-    parser.add_argument("--name", help="run name (default: preset-variant-<config hash>); the same name resumes")
-    parser.add_argument("--experiment", default=PRETRAINING_EXPERIMENT, help="MLflow experiment")
-    return parser.parse_args(argv)
+@dataclass(frozen=True)
+class PretrainOptions:
+    preset: str = field(default="tiny", metadata=option("tiny | small | base | base++ | large++"))
+    variant: str = field(default="cocolm", metadata=option("a variant of model.VARIANTS or platform/variants/"))
+    overrides: tuple[str, ...] = field(default=(), metadata=option(
+        "dotted config override, e.g. train.max_steps=40 (repeatable)", flag="--set", repeat=True, metavar="KEY=VALUE"))
+    corpus: tuple[str, ...] | None = field(default=None, metadata=option(
+        "files, folders, globs or URIs (default: the shipped corpus)", many=True))
+    tokenizer: str | None = field(default=None, metadata=option(
+        "tokenizer directory (default: one trained for the corpus, cached)"))
+    tracking_uri: str | None = field(default=None, metadata=option(
+        "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
+    storage: str | None = field(default=None, metadata=option(
+        "checkpoint storage: local dir or s3:// gs:// URI (default: $COCOLM_HOME)"))
+    workers: int | None = field(default=None, metadata=option("Ray Train workers (sets cluster.workers)"))
+    gpus_per_worker: float | None = field(default=None, metadata=option("sets cluster.gpus_per_worker"))
+    name: str | None = field(default=None, metadata=option(
+        "run name (default: preset-variant-<config hash>); the same name resumes"))
+    experiment: str = field(default=PRETRAINING_EXPERIMENT, metadata=option("MLflow experiment"))
 
-
-def overrides_from_flags(args: argparse.Namespace) -> list[str]:
-    """The convenience flags are `--set` overrides under another name: one way to set each key."""
-    flags = {"data.paths": args.corpus, "data.tokenizer_dir": args.tokenizer, "cluster.workers": args.workers,
-             "cluster.gpus_per_worker": args.gpus_per_worker}
-    return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None] + args.overrides
+    def config(self) -> PretrainConfig:
+        """The resolved config. The convenience flags are `--set` overrides under another name: one way
+        to set each key."""
+        flags = {"data.paths": self.corpus, "data.tokenizer_dir": self.tokenizer, "cluster.workers": self.workers,
+                 "cluster.gpus_per_worker": self.gpus_per_worker}
+        shorthands = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+        return resolve(self.preset, self.variant, shorthands + list(self.overrides))
 
 
 def main(argv: list[str] | None = None) -> PretrainResult:
-    args = parse_args(argv)
-
-    cfg = resolve(args.preset, args.variant, overrides_from_flags(args))
-    return run(cfg, args.tracking_uri, args.storage, args.name, args.experiment)
-
+    opts = parse_options("python -m jobs.pretraining", __doc__, PretrainOptions, argv)
+    return run(opts.config(), opts.tracking_uri, opts.storage, opts.name, opts.experiment)

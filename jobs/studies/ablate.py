@@ -61,7 +61,7 @@ class AblationOptions:
     preset: str = field(default="tiny", metadata=option("the preset every variant is pretrained with"))
     overrides: tuple[str, ...] = field(default=(), metadata=option(
         "dotted config override for every variant, after its overlay, e.g. train.max_steps=40 (repeatable)",
-        flag="--set", repeat=True))
+        flag="--set", repeat=True, metavar="KEY=VALUE"))
     tasks: str | None = field(default=None, metadata=option(
         "fine-tune every variant on these tasks (snli | glue | rte,mrpc); default: pretraining only"))
     grid: str = _like_sweep("grid")

@@ -20,11 +20,10 @@ every pair near 0.9 (the paper's anisotropy argument).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +35,7 @@ from model import Encoder
 from model.classifier import load_encoder
 
 from jobs import tracking
-from jobs.cli import run_main
+from jobs.cli import option, parse_options, run_main
 from jobs.data.corpus import parse_file, shipped_corpus
 from jobs.data.tokens import load_tokenizer
 from jobs.env import set_hermetic_env
@@ -133,42 +132,48 @@ def analyse_run(client: MlflowClient, run_id: str, pairs: Pairs, max_length: int
     return label, cosines
 
 
-def run(run_ids: list[str] | None = None, experiment: str | None = None, tracking_uri: str | None = None,
-        pairs: int = 500, max_length: int = MAX_LENGTH, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
-    """Analyse the given runs (or the newest run per variant of `experiment`); returns label -> cosines."""
+def _run_list(text: str) -> tuple[str, ...]:
+    return tuple(r.strip() for r in text.split(",") if r.strip())
+
+
+@dataclass(frozen=True)
+class RepresentOptions:
+    runs: tuple[str, ...] = field(default=(), metadata=option(
+        "pretraining MLflow run id(s), comma separated", flag="--from", parse=_run_list))
+    experiment: str | None = field(default=None, metadata=option(
+        "every variant's newest finished pretraining run of this experiment"))
+    pairs: int = field(default=500, metadata=option("random pairs and similar pairs, each"))
+    max_length: int = field(default=MAX_LENGTH, metadata=option("tokens per text, [CLS] and [SEP] included"))
+    tracking_uri: str | None = field(default=None, metadata=option(
+        "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
+    out: str | None = field(default=None, metadata=option("also write the side-by-side figure here"))
+
+    def __post_init__(self) -> None:
+        if bool(self.runs) == bool(self.experiment):
+            raise ValueError("give the runs to analyse: --from RUN_ID[,RUN_ID...] or --experiment NAME (one of them)")
+
+
+def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
+    """Analyse the given runs (or the newest run per variant of the experiment); returns label -> cosines."""
     set_hermetic_env()
-    tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     client = MlflowClient(tracking_uri)
+    run_ids = list(opts.runs)
     if not run_ids:
-        runs = latest_per_variant(pretraining_runs(client, experiment_ids(client, experiment)))
+        runs = latest_per_variant(pretraining_runs(client, experiment_ids(client, opts.experiment)))
         run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
         if not run_ids:
-            raise ValueError(f"no finished pretraining run in experiment {experiment!r} of {tracking_uri}")
-    chosen = draw_pairs(pairs)
-    results = dict(analyse_run(client, run_id, chosen, max_length) for run_id in run_ids)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        print(f"wrote {representation_figure(results, Path(out) / 'fig1_cls_cosine.png')}")
+            raise ValueError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
+    chosen = draw_pairs(opts.pairs)
+    results = dict(analyse_run(client, run_id, chosen, opts.max_length) for run_id in run_ids)
+    if opts.out:
+        Path(opts.out).mkdir(parents=True, exist_ok=True)
+        print(f"wrote {representation_figure(results, Path(opts.out) / 'fig1_cls_cosine.png')}")
     return results
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--from", dest="runs", help="pretraining MLflow run id(s), comma separated")
-    which.add_argument("--experiment", help="every variant's newest finished pretraining run of this experiment")
-    parser.add_argument("--pairs", type=int, default=500, help="random pairs and similar pairs, each")
-    parser.add_argument("--max-length", type=int, default=MAX_LENGTH, help="tokens per text, [CLS] and [SEP] included")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
-    parser.add_argument("--out", help="also write the side-by-side figure here")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    run_ids = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
-    return run(run_ids, args.experiment, args.tracking_uri, args.pairs, args.max_length, args.out)
-
+def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
+    return run(parse_options("python -m jobs.studies.represent", __doc__, RepresentOptions, argv))
 
 if __name__ == "__main__":
     run_main(main)
