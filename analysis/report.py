@@ -24,7 +24,6 @@ table has all eight GLUE tasks, else the mean of its tasks; missing whenever one
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.claims import Claim, claims_markdown, judge
 from jobs import tracking
+from jobs.cli import option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.medians import GLUE_TARGETS
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
@@ -260,36 +260,37 @@ def log_report(client, tracking_uri: str, report: Report, experiment: str | None
     return run.info.run_id
 
 
-def run(out: str | Path, experiment: str | None = None, tracking_uri: str | None = None, log: bool = True) -> Report:
+@dataclass(frozen=True)
+class ReportOptions:
+    out: str = field(metadata=option("folder for the tables and figures"))
+    experiment: str | None = field(default=None, metadata=option(
+        "only this MLflow experiment (default: all); the analysis run goes there"))
+    tracking_uri: str | None = field(default=None, metadata=option(
+        "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
+    log: bool = field(default=True, metadata=option("log the files on an analysis run (--no-log: write them only)"))
+
+
+def run(opts: ReportOptions) -> Report:
     set_hermetic_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     client = MlflowClient(tracking_uri)
-    report = build(client, experiment, Path(out))
-    if log:
-        report.analysis_run = log_report(client, tracking_uri, report, experiment)
-    print((Path(out) / "finetuning_table.md").read_text())
-    print((Path(out) / "ablation_table.md").read_text())
-    print((Path(out) / "claims.md").read_text())
+    out = Path(opts.out)
+    report = build(client, opts.experiment, out)
+    if opts.log:
+        report.analysis_run = log_report(client, tracking_uri, report, opts.experiment)
+    print((out / "finetuning_table.md").read_text())
+    print((out / "ablation_table.md").read_text())
+    print((out / "claims.md").read_text())
     print("wrote:\n" + "\n".join(f"  {p}" for p in report.files))
     if report.analysis_run:
         print(f"MLflow analysis run: {report.analysis_run}")
     return report
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--experiment", help="only this MLflow experiment (default: all); the analysis run goes there")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store under $COCOLM_HOME)")
-    parser.add_argument("--out", required=True, help="folder for the tables and figures")
-    parser.add_argument("--no-log", action="store_true", help="write the files only, no analysis run")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> Report:
-    args = parse_args(argv)
-    return run(args.out, args.experiment, args.tracking_uri, log=not args.no_log)
+    return run(parse_options("python -m analysis.report", __doc__, ReportOptions, argv))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

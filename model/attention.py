@@ -283,8 +283,8 @@ _flex_failure: list[str] = []  # the cause, once flex failed: every later check 
 def flex_works(key: tuple, probe: Callable[[], None]) -> bool:
     """Whether compiled flex runs for the configuration `key`: `probe()` once per key, and after the
     first failure never again. A failure warns once, naming the cause, and SDPA takes over: a GPU
-    run never dies because a kernel config does not fit (issue: default tiles exceeded an H100's
-    shared memory and crashed the first step)."""
+    run never dies because a kernel config does not fit (tiles over a GPU's shared memory, say, or a
+    torch version whose kernel options differ)."""
     if _flex_failure:
         return False
     if key not in _flex_checked:

@@ -15,14 +15,13 @@ printed next to it. Epoch 1 includes starting Ray's workers; the goal uses the l
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
+from dataclasses import dataclass, field
 
 import ray
-from collections.abc import Sequence
 
-from jobs.cli import run_main
+from jobs.cli import option, parse_options, run_main
 from jobs.data.config import DataConfig
 from jobs.data.corpus import read_documents, skip_summary
 from jobs.data.stream import build_stream, corrupt, corrupted, corpus_paths
@@ -72,17 +71,27 @@ def cores_used() -> tuple[float, int]:
     return ray.cluster_resources().get("CPU", 0.0), len(os.sched_getaffinity(0))
 
 
-def run(
-    paths: Sequence[str] = (), tokenizer_dir: str | None = None, seq_len: int = 512, vocab_size: int = 32768,
-    batch_size: int = 64, epochs: int = 2, num_cpus: float | None = None,
-) -> dict[str, float]:
-    init_ray(num_cpus=num_cpus)
-    cfg = DataConfig(paths=tuple(paths), tokenizer_dir=tokenizer_dir, vocab_size=vocab_size, seq_len=seq_len,
-                     batch_size=batch_size)
+@dataclass(frozen=True)
+class StreamBenchOptions:
+    seq_len: int = field(metadata=option("block length T"))
+    corpus: tuple[str, ...] = field(default=(), metadata=option(
+        "files, folders, globs or URIs (default: data/corpus)", many=True))
+    tokenizer: str | None = field(default=None, metadata=option(
+        "tokenizer directory (default: train or reuse the cached one)"))
+    vocab_size: int = field(default=32768, metadata=option("for the default tokenizer only"))
+    batch_size: int = field(default=64, metadata=option("blocks per corrupted batch"))
+    epochs: int = field(default=2, metadata=option("passes over the corpus"))
+    num_cpus: float | None = field(default=None, metadata=option("logical CPUs of the local Ray (default: all cores)"))
+
+
+def run(opts: StreamBenchOptions) -> dict[str, float]:
+    init_ray(num_cpus=opts.num_cpus)
+    cfg = DataConfig(paths=opts.corpus, tokenizer_dir=opts.tokenizer, vocab_size=opts.vocab_size, seq_len=opts.seq_len,
+                     batch_size=opts.batch_size)
     stream = build_stream(cfg)
     print(f"tokenizer: {stream.tokenizer_dir}")
     rates = []
-    for epoch in range(epochs):
+    for epoch in range(opts.epochs):
         seconds, positions, real = pipeline_epoch(cfg, stream.blocks, epoch)
         rates.append(positions / seconds)
         print(f"epoch {epoch + 1}: {positions:,} positions ({real / positions:.1%} real tokens) in {seconds:.2f} s "
@@ -95,7 +104,7 @@ def run(
     per_8_cores = rates[-1] / cores * 8
     goal = h100_tokens_per_second()
     print(f"tokenization alone: {tokenize_rate:,.0f} tokens/s on 1 core")
-    print(f"corruption alone:   {corrupt_rate:,.0f} tokens/s on 1 core (seq_len {seq_len})")
+    print(f"corruption alone:   {corrupt_rate:,.0f} tokens/s on 1 core (seq_len {opts.seq_len})")
     print(f"cores: Ray has {logical:g} logical CPUs, the machine {machine} cores -> {cores:g} used")
     print(f"stream per 8 cores: {rates[-1]:,.0f} / {cores:g} * 8 = {per_8_cores:,.0f} tokens/s")
     print(f"goal: one H100 consumes {MFU} * {H100_BF16_PEAK:.3g} / flops_per_token(SIZES['base'], ObjectiveConfig(), 512)"
@@ -108,18 +117,8 @@ def run(
             "cores": cores, "stream_per_8_cores": per_8_cores, "h100_tokens_per_s": goal, "ratio": ratio}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jobs.data.stream_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", nargs="+", default=[], help="files, folders, globs or URIs (default: data/corpus)")
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: train or reuse the cached one)")
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--vocab-size", type=int, default=32768, help="for the default tokenizer only")
-    parser.add_argument("--batch-size", type=int, default=64, help="blocks per corrupted batch")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--num-cpus", type=float, help="logical CPUs of the local Ray (default: all cores)")
-    args = parser.parse_args(argv)
-    run(args.corpus, args.tokenizer, args.seq_len, args.vocab_size, args.batch_size, args.epochs, args.num_cpus)
-
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    return run(parse_options("python -m jobs.data.stream_bench", __doc__, StreamBenchOptions, argv))
 
 if __name__ == "__main__":
     run_main(main)
