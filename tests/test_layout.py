@@ -136,3 +136,12 @@ def test_analysis_depends_on_jobs_and_never_the_reverse():
                 assert not node.module.startswith("analysis"), f"{path.name} imports {node.module}"
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("analysis") for a in node.names), path.name
+
+
+def test_the_modules_ray_data_workers_import_stay_light():
+    """Every Ray Data worker imports jobs.data.stream and jobs.data.corpus for their UDFs: they must not
+    pull in tokenizer training or tracking (transformers, sentencepiece, mlflow: seconds per worker)."""
+    code = ("import sys, jobs.data.stream, jobs.data.corpus\n"
+            "print(sorted(m for m in ('transformers', 'sentencepiece', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -19,6 +19,7 @@ import torch
 from jobs.data.config import DataConfig
 from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
 from jobs.data.stream import build_stream, corrupt, pack, pretraining_batches
+from jobs.data.tokenizer import resolve_tokenizer
 from model.corruption import SpecialTokens
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,7 +55,7 @@ def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
 def stream(ray_local, corpus, tokenizer_dir):
     cfg = DataConfig(paths=(str(corpus[0]),), tokenizer_dir=str(tokenizer_dir), seq_len=SEQ_LEN, pack_batch_docs=16,
                      batch_size=32, seed=7, block_bytes=16 << 10)  # small blocks: several per shard
-    return cfg, build_stream(cfg)
+    return cfg, build_stream(cfg, resolve_tokenizer(cfg))
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from jobs.data.config import DEFAULT_MAX_RECORD_CHARS
+from jobs.data.config import DEFAULT_MAX_RECORD_CHARS, DataConfig
 
 SHIPPED_CORPUS_DIR = Path(__file__).resolve().parents[2] / "data" / "corpus"
 
@@ -362,3 +362,9 @@ def read_documents(
     if check_not_empty and not documents.take(1):
         raise ValueError(f"corpus is empty after cleaning: {list(paths)}\n{skip_summary(counter).format()}")
     return documents, counter
+
+
+def corpus_paths(cfg: DataConfig) -> list[str]:
+    """The configured paths (a single string from a `--set data.paths=...` override too), else the shipped corpus."""
+    paths = [cfg.paths] if isinstance(cfg.paths, str) else list(cfg.paths)
+    return paths or shipped_corpus()

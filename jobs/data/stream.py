@@ -42,8 +42,7 @@ import ray
 import torch
 
 from jobs.data.config import DataConfig
-from jobs.data.corpus import expand_paths, read_documents, shipped_corpus
-from jobs.data.tokenizer import cached_default_tokenizer
+from jobs.data.corpus import corpus_paths, expand_paths, read_documents
 from jobs.data.tokens import tokenizer_from_json
 from model.corruption import BATCH_KEYS, SpecialTokens, make_pretraining_batch
 
@@ -52,18 +51,6 @@ class Stream(NamedTuple):
     blocks: ray.data.Dataset  # packed blocks, column input_ids (seq_len,) int32
     skips: ray.actor.ActorHandle  # jobs.data.corpus.SkipCounter: `skip_summary(skips)` after an epoch
     tokenizer_dir: Path  # saved with checkpoints; its vocabulary is the model's
-
-
-def corpus_paths(cfg: DataConfig) -> list[str]:
-    """The configured paths (a single string from a `--set data.paths=...` override too), else the shipped corpus."""
-    paths = [cfg.paths] if isinstance(cfg.paths, str) else list(cfg.paths)
-    return paths or shipped_corpus()
-
-
-def resolve_tokenizer(cfg: DataConfig) -> Path:
-    if cfg.tokenizer_dir:
-        return Path(cfg.tokenizer_dir)
-    return cached_default_tokenizer(cfg.vocab_size, cased=cfg.cased, paths=corpus_paths(cfg))
 
 
 def check_inputs(cfg: DataConfig) -> None:
@@ -96,9 +83,11 @@ def _tokenize_and_pack(batch: dict[str, np.ndarray], tokenizer_json: str, seq_le
     return {"input_ids": pack([e.ids for e in encodings], seq_len)}
 
 
-def build_stream(cfg: DataConfig) -> Stream:
-    """The lazy dataset of packed blocks; nothing runs until it is iterated (or split by Ray Train)."""
-    tokenizer_dir = resolve_tokenizer(cfg)
+def build_stream(cfg: DataConfig, tokenizer_dir: Path) -> Stream:
+    """The lazy dataset of packed blocks; nothing runs until it is iterated (or split by Ray Train).
+    `tokenizer_dir` is `jobs.data.tokenizer.resolve_tokenizer(cfg)`: resolved by the caller so that
+    this module, which every Ray Data worker imports for its UDFs, imports no tokenizer training
+    (sentencepiece, transformers, mlflow)."""
     documents, skips = read_documents(corpus_paths(cfg), cfg.max_record_chars, num_cpus=cfg.data_cpus)
     blocks = documents.map_batches(
         _tokenize_and_pack,

@@ -23,8 +23,9 @@ import ray
 
 from jobs.cli import option, parse_options, run_main
 from jobs.data.config import DataConfig
-from jobs.data.corpus import read_documents, skip_summary
-from jobs.data.stream import build_stream, corrupt, corrupted, corpus_paths
+from jobs.data.corpus import corpus_paths, read_documents, skip_summary
+from jobs.data.stream import build_stream, corrupt, corrupted
+from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
 from jobs.ray_session import init_ray
 from model import SIZES, ObjectiveConfig, flops_per_token
@@ -88,7 +89,7 @@ def run(opts: StreamBenchOptions) -> dict[str, float]:
     init_ray(num_cpus=opts.num_cpus)
     cfg = DataConfig(paths=opts.corpus, tokenizer_dir=opts.tokenizer, vocab_size=opts.vocab_size, seq_len=opts.seq_len,
                      batch_size=opts.batch_size)
-    stream = build_stream(cfg)
+    stream = build_stream(cfg, resolve_tokenizer(cfg))
     print(f"tokenizer: {stream.tokenizer_dir}")
     rates = []
     for epoch in range(opts.epochs):

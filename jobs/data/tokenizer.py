@@ -37,8 +37,8 @@ from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import generate_merges
 
 from jobs.cli import option, parse_options, run_main
-from jobs.data.config import DEFAULT_MAX_RECORD_CHARS
-from jobs.data.corpus import expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
+from jobs.data.config import DEFAULT_MAX_RECORD_CHARS, DataConfig
+from jobs.data.corpus import corpus_paths, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
 from jobs.ray_session import init_ray
 from jobs.tracking import check_tracking, end_run, experiment_id, log_params
 
@@ -226,6 +226,13 @@ def log_tokenizer(out_dir: Path, tracking_uri: str, experiment: str = "tokenizer
     finally:
         end_run(client, run_id, ok)  # never leave a RUNNING run behind
     return run_id
+
+
+def resolve_tokenizer(cfg: DataConfig) -> Path:
+    """The configured tokenizer directory, else the cached one for the corpus (trained on first use)."""
+    if cfg.tokenizer_dir:
+        return Path(cfg.tokenizer_dir)
+    return cached_default_tokenizer(cfg.vocab_size, cased=cfg.cased, paths=corpus_paths(cfg))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from jobs import faults, tracking
 
 from jobs.data.corpus import skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs
+from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
 from jobs.cli import option, parse_options
 from jobs.env import set_hermetic_env
@@ -61,7 +62,7 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     tracking.check_storage(storage)
     init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
 
-    stream = build_stream(cfg.data)
+    stream = build_stream(cfg.data, resolve_tokenizer(cfg.data))
     cfg = with_vocab_size(cfg, _vocab_size(stream.tokenizer_dir))
     run_name = name or f"{cfg.preset}-{cfg.variant}-{cfg.digest()}"
     client = MlflowClient(tracking_uri)
