@@ -6,7 +6,8 @@ Reads (all experiments, or the one named) the pretraining runs (tag kind=pretrai
 the newest finished run) and the fine-tuning sweep parents (tag cocolm.pretraining_run; per task the newest
 finished sweep) and writes:
 
-    finetuning_table.{csv,md}   Table 1 style: best-point median per task per pretraining run, and AVG
+    finetuning_table.{csv,md}   Table 1 style: best-point median per task per pretraining run (SQuAD 2.0 as
+                                EM and F1 columns), and AVG
     ablation_table.{csv,md}     Table 3 style: variants as rows, each score with its difference to `cocolm`
     fig8_copy_lm_accuracy.png   copy and LM accuracy on replaced vs original tokens during pretraining
     fig7_scl_cosine.png         mean cosine of positive (7a) and negative (7b) SCL pairs during pretraining
@@ -19,7 +20,8 @@ finished sweep) and writes:
 
 A value that was never measured is missing ("-" in markdown, empty in CSV), never 0; a difference is
 missing when either side is. AVG is the GLUE average (MNLI-m for MNLI, MNLI-mm not averaged) when the
-table has all eight GLUE tasks, else the mean of its tasks; missing whenever one of them is. No torch here.
+table has all eight GLUE tasks, else the mean of its other tasks (SQuAD 2.0 is never averaged, as in the
+paper); missing whenever one of them is. No torch here.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from jobs import tracking
 from jobs.cli import option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.medians import GLUE_TARGETS
+from jobs.finetuning.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         REPRESENT_ARTIFACT, REPRESENT_METRICS)
 from jobs.runs import experiment_ids, histories, latest_per_variant, pretraining_runs, sweep_scores
@@ -63,17 +66,28 @@ def task_order(tasks: Sequence[str]) -> list[str]:
 
 
 def finetuning_table(runs: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
-    """Table 1: one row per pretraining run, one column per task (best-point median, 0..1), and AVG."""
+    """Table 1: one row per pretraining run, one column per task (best-point median, 0..1), SQuAD 2.0 as
+    two columns (EM and F1, the F1-best point's medians), and AVG over the GLUE-style tasks."""
     tasks = task_order(sorted(set(scores["task"])))
-    wide = scores.pivot_table(index="pretraining_run", columns="task", values="score", aggfunc="last") \
-        if len(scores) else pd.DataFrame()
     table = runs[RUN_COLUMNS].copy()
     for task in tasks:
-        table[task] = table["run_id"].map(wide[task]) if task in wide else np.nan
-    # A table with all eight GLUE columns averages those (a row lacking one has no average), else every task.
-    averaged = list(GLUE_TARGETS) if set(GLUE_TARGETS) <= set(tasks) else [t for t in tasks if t != "MNLI-mm"]
+        if task == SQUAD_V2.display:
+            table[f"{task} EM"] = _by_run(table, scores, task, "exact")
+            table[f"{task} F1"] = _by_run(table, scores, task, "score")
+        else:
+            table[task] = _by_run(table, scores, task, "score")
+    # A table with all eight GLUE columns averages those (a row lacking one has no average), else every
+    # sentence(-pair) task; SQuAD is never in the average, as in the paper.
+    averaged = list(GLUE_TARGETS) if set(GLUE_TARGETS) <= set(tasks) else \
+        [t for t in tasks if t not in ("MNLI-mm", SQUAD_V2.display)]
     table[AVG] = table.reindex(columns=averaged).astype(float).mean(axis=1, skipna=False) if averaged else np.nan
     return table
+
+
+def _by_run(table: pd.DataFrame, scores: pd.DataFrame, task: str, column: str) -> pd.Series:
+    """Per row of `table`, the task's `column` in `scores` for that pretraining run (NaN when absent)."""
+    mine = scores[scores["task"] == task].drop_duplicates("pretraining_run", keep="last")
+    return table["run_id"].map(mine.set_index("pretraining_run")[column]).astype(float)
 
 
 def ablation_table(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:

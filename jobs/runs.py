@@ -65,7 +65,8 @@ def latest_per_variant(runs: pd.DataFrame) -> pd.DataFrame:
 
 def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per (pretraining run, task): the best grid point's median score of the newest finished sweep
-    parent of that pretraining run that has the task. Columns: pretraining_run, task, score, sweep_run, glue_avg."""
+    parent of that pretraining run that has the task. Columns: pretraining_run, task, score (its min and max
+    over seeds), exact (a span task's EM median), seeds, sweep_run, start_time, glue_avg."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_SWEEP}' and attributes.status = 'FINISHED'"):
         pretraining = run.data.tags.get(PRETRAINING_TAG, "")
@@ -76,10 +77,12 @@ def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
                 rows.append({"pretraining_run": pretraining, "task": task, "score": value,
                              "min": metrics.get(best_task_metric(task, "min"), np.nan),
                              "max": metrics.get(best_task_metric(task, "max"), np.nan),
+                             "exact": metrics.get(best_task_metric(task, "exact_median"), np.nan),  # SQuAD's EM
                              "seeds": len([s for s in run.data.params.get("seeds", "").split(",") if s.strip()]) or np.nan,
                              "sweep_run": run.info.run_id, "start_time": run.info.start_time,
                              "glue_avg": metrics.get("glue_avg", np.nan)})
-    columns = ["pretraining_run", "task", "score", "min", "max", "seeds", "sweep_run", "start_time", "glue_avg"]
+    columns = ["pretraining_run", "task", "score", "min", "max", "exact", "seeds", "sweep_run", "start_time",
+               "glue_avg"]
     if not rows:
         return pd.DataFrame(columns=columns)
     df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")

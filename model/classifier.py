@@ -1,4 +1,5 @@
-"""Fine-tuning: the sentence(-pair) head on [CLS] (docs/method.md section 7.1) and loading an exported encoder.
+"""Fine-tuning: the sentence(-pair) head on [CLS] (docs/method.md section 7.1), the start/end head of
+extractive question answering (section 7.6), and loading an exported encoder.
 
 The head is the authors': dropout, dense H->H, tanh, dropout, output (num_classes logits, or one
 value for regression such as STS-B). `load_encoder` reads a directory written by
@@ -47,6 +48,23 @@ class SequenceClassifier(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.encoder(input_ids, attention_mask)  # (B, T, H)
         return self.head(hidden[:, 0])  # (B, num_outputs)
+
+
+class SpanExtractor(nn.Module):
+    """Encoder + start/end linear heads on every position (SQuAD 2.0, as BERT's). Padding positions get
+    the lowest logit, so neither the loss nor the answer search can pick them."""
+
+    def __init__(self, encoder: Encoder):
+        super().__init__()
+        self.encoder = encoder
+        self.span = nn.Linear(encoder.cfg.hidden_size, 2)
+        init_weights(self.span)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.span(self.encoder(input_ids, attention_mask))  # (B, T, 2): start, end
+        if attention_mask is not None:
+            logits = logits.masked_fill(~attention_mask.bool()[..., None], torch.finfo(logits.dtype).min)
+        return logits
 
 
 # The sizes an export must state; the other fields have their defaults in EncoderConfig.

@@ -14,6 +14,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task_metric
+from jobs.tracking import experiment_id
 from model import Encoder, EncoderConfig
 from model.export import export_encoder
 
@@ -118,6 +119,18 @@ def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: d
                                       for i, v in enumerate(vs)])
     client.set_terminated(run_id)
     return run_id
+
+
+def pretraining_run_with_encoder(tmp_path: Path, exported: Path) -> tuple[str, MlflowClient, str]:
+    """A fresh sqlite store holding a finished pretraining run with the exported encoder, as
+    jobs.pretraining.job leaves it: (tracking URI, client, run id)."""
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri)
+    run_id = client.create_run(experiment_id(client, "pretraining", tracking_uri), run_name="tiny").info.run_id
+    client.log_artifacts(run_id, str(exported), "encoder")
+    client.log_param(run_id, "preset", "tiny")
+    client.set_terminated(run_id)
+    return tracking_uri, client, run_id
 
 
 def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores: dict[str, float],

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from jobs.finetuning.readers import (
-    SNLI_DEV_PAIRS, load_tasks, read_glue_hub, read_glue_task, read_snli, read_user_task, subsample,
-)
+from jobs.finetuning.readers import SNLI_DEV_PAIRS, read_glue_hub, read_glue_task, read_snli, read_user_task, subsample
+from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.specs import GLUE
 
 
@@ -68,7 +67,7 @@ def write_glue(root, n=12, qqp_malformed=()):
 
 
 def test_every_glue_task_reads_from_the_glue_layout(tmp_path):
-    tasks = {t.spec.name: t for t in load_tasks("glue", glue_dir=write_glue(tmp_path))}
+    tasks = {t.spec.name: t for t in load_tasks("glue", data_dir=write_glue(tmp_path))}
     assert sorted(tasks) == sorted(GLUE)
     for task in tasks.values():
         assert len(task.train) == 12 and all(len(d) == 12 for d in task.dev.values()) and not task.skipped
@@ -83,7 +82,7 @@ def test_every_glue_task_reads_from_the_glue_layout(tmp_path):
     assert cola.train.text[0] == "Sentence 0 goes here." and cola.train.labels[:2] == [0, 1] and cola.train.text_pair is None
     assert tasks["mrpc"].train.text[1] == "First 1 ." and tasks["mrpc"].train.labels[1] == 1  # BOM-led header found
     assert tasks["qnli"].train.labels[:2] == [0, 1] and tasks["qqp"].train.text_pair[0] == "How can I 0?"
-    assert [t.spec.name for t in load_tasks("rte,MRPC", glue_dir=tmp_path)] == ["rte", "mrpc"]
+    assert [t.spec.name for t in load_tasks("rte,MRPC", data_dir=tmp_path)] == ["rte", "mrpc"]
 
 
 def test_qqp_malformed_rows_are_reported_by_line_number(tmp_path):
@@ -119,7 +118,7 @@ def test_unknown_labels_and_columns_are_named(tmp_path):
 
 def test_hub_without_datasets_says_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails as if not installed; never touches the network
-    with pytest.raises(ImportError, match="pip install datasets.*--glue-dir"):
+    with pytest.raises(ImportError, match="pip install datasets.*--data-dir"):
         read_glue_hub("rte")
 
 

@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
+from jobs.names import best_task_metric
 from jobs.runs import latest_per_variant, pretraining_runs
 from jobs.tracking import experiment_id
 from conftest import fake_pretraining_run, fake_sweep_run
@@ -147,3 +148,19 @@ def test_representation_figure_from_logged_cosines(store, tmp_path):
     summary = pd.read_csv(tmp_path / "out" / "representation.csv").set_index("variant")
     assert set(summary.index) == {"cocolm", "rtd_only"}
     assert summary.loc["cocolm", "random_cosine_mean"] == pytest.approx(0.1, abs=0.05)
+
+
+def test_squad_gets_em_and_f1_columns_and_stays_out_of_the_average(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = experiment_id(client, "squad", uri)
+    pretraining = fake_pretraining_run(client, exp, "cocolm", {"copy_accuracy_original": [0.9]})
+    sweep = fake_sweep_run(client, exp, pretraining, {"SQuAD 2.0": 0.70, "RTE": 0.60, "SNLI": 0.80}, status="RUNNING")
+    client.log_metric(sweep, best_task_metric("SQuAD 2.0", "exact_median"), 0.65)  # as the sweep logs EM
+    client.set_terminated(sweep)
+    report = build(client, "squad", tmp_path / "out")
+    row = report.finetuning.iloc[0]
+    assert [c for c in report.finetuning.columns if "SQuAD" in c] == ["SQuAD 2.0 EM", "SQuAD 2.0 F1"]
+    assert row["SQuAD 2.0 EM"] == pytest.approx(0.65) and row["SQuAD 2.0 F1"] == pytest.approx(0.70)
+    assert row["AVG"] == pytest.approx(0.70)  # RTE and SNLI only
+    assert "| 65.00 | 70.00 |" in (tmp_path / "out" / "finetuning_table.md").read_text()

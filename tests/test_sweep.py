@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from jobs import faults
 from jobs.finetuning.sweep import SweepOptions, run
-from conftest import sentiment_file
+from conftest import pretraining_run_with_encoder, sentiment_file
 
 # ----------------------------------------------------------------------------- grids
 
@@ -38,15 +37,7 @@ def test_bad_seed_lists_are_usage_errors_before_anything_starts(bad, capsys, mon
 def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, tmp_path, exported, monkeypatch,
                                                                    capfd):
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri)
-    # A pretraining run holding the exported encoder, as jobs.pretraining.job leaves it.
-    from jobs.tracking import experiment_id
-
-    pretraining = client.create_run(experiment_id(client, "pretraining", tracking_uri), run_name="tiny")
-    client.log_artifacts(pretraining.info.run_id, str(exported), "encoder")
-    client.log_param(pretraining.info.run_id, "preset", "tiny")
-    client.set_terminated(pretraining.info.run_id)
+    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
     grid = tmp_path / "two_lrs.yaml"
     grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3, 3.0e-3], batch_size: [16], warmup: [0.1]}\n"
                     "tasks: {default: t}\n")
@@ -54,7 +45,7 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
         "sentiment-lr0.001-bs16-ep1-wu0.1-seed1": 1,  # fails once, the retry succeeds
         "sentiment-lr0.003-bs16-ep1-wu0.1-seed3": 2}}))  # fails every allowed attempt
     result = run(SweepOptions(
-        source=pretraining.info.run_id, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")), grid=str(grid),
+        source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")), grid=str(grid),
         seeds=(0, 1, 2, 3, 4), tracking_uri=tracking_uri, max_failures=1, storage=str(tmp_path / "ray"),
     ))
     summary = result.tables.summary.set_index("lr")
@@ -68,8 +59,8 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
 
     parent = client.get_run(result.run_id)
     assert parent.info.status == "FINISHED"
-    assert parent.data.tags["cocolm.pretraining_run"] == pretraining.info.run_id
-    assert parent.data.params["pretraining_run"] == pretraining.info.run_id and parent.data.params["lr_set"] == "base"
+    assert parent.data.tags["cocolm.pretraining_run"] == pretraining_run
+    assert parent.data.params["pretraining_run"] == pretraining_run and parent.data.params["lr_set"] == "base"
     assert parent.data.metrics["best/sentiment/median"] == pytest.approx(summary.loc[1e-3, "score_median"])
     assert "sentiment/lr_0.001.bs_16.ep_1.wu_0.1/std" in parent.data.metrics
     assert "sentiment/lr_0.003.bs_16.ep_1.wu_0.1/median" not in parent.data.metrics  # incomplete: no median

@@ -1,4 +1,5 @@
-"""Tasks into the token sequences the classifier reads: `[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`."""
+"""Tasks into the token sequences the model reads: `[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, and for
+SQuAD 2.0 `[CLS] question [SEP] [SEP] context window [SEP]` (jobs/finetuning/squad_features.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ from jobs.data.tokens import load_tokenizer
 
 from jobs.finetuning.readers import Split, Task
 from jobs.finetuning.specs import TaskSpec
+from jobs.finetuning.squad_features import SpanIndex, encode_questions
+from jobs.finetuning.squad_data import Questions
 
 
 @dataclass(frozen=True)
 class EncodedSplit:
-    """Token ids of every example, ragged: example i is ids[offsets[i]:offsets[i + 1]]."""
+    """Token ids of every example, ragged: example i is ids[offsets[i]:offsets[i + 1]]. For a span task an
+    example is one window of a question, its label the (start, end) positions of the answer."""
 
     ids: np.ndarray  # (total tokens,) int32
     offsets: np.ndarray  # (N + 1,) int64
-    labels: np.ndarray  # (N,) int64 or float32
+    labels: np.ndarray  # (N,) int64 or float32; (N, 2) int64 for a span task
+    spans: SpanIndex | None = None  # a span task's way from windows back to answers
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -37,17 +42,22 @@ class EncodedTask:
     test: EncodedSplit | None
     pad_id: int
     max_length: int
-    truncated: dict[str, int] = field(default_factory=dict)  # split -> examples cut to max_length
+    truncated: dict[str, int] = field(default_factory=dict)  # split -> examples (span: questions) cut
 
 
-def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int) -> EncodedTask:
+def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int, doc_stride: int = 128,
+                max_question_length: int = 64) -> EncodedTask:
     """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
-    (docs/method.md section 7.1)."""
+    (docs/method.md section 7.1); a span task's questions in windows (`doc_stride`, `max_question_length`)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     special = special_ids(tokenizer, tokenizer_dir)
     dtype = np.int64 if task.spec.kind == "classification" else np.float32
     splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
-    encoded = {name: encode_split(tokenizer, special, split, max_length, dtype) for name, split in splits.items()}
+    if task.spec.kind == "span":
+        encoded = {name: encode_windows(tokenizer, special, split, max_length, doc_stride, max_question_length)
+                   for name, split in splits.items()}
+    else:
+        encoded = {name: encode_split(tokenizer, special, split, max_length, dtype) for name, split in splits.items()}
     return EncodedTask(
         task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
         encoded["test"][0] if task.test is not None else None, special["[PAD]"], max_length,
@@ -80,9 +90,21 @@ def encode_split(tokenizer: Tokenizer, special: dict[str, int], split: Split, ma
             cut += len(a) + len(b) > budget
             a, b = _truncate_pair(a, b, budget)
             sequences.append([cls, *a, sep, sep, *b, sep])
+    return ragged(sequences, np.asarray(split.labels, dtype=label_dtype)), cut
+
+
+def encode_windows(tokenizer: Tokenizer, special: dict[str, int], questions: Questions, max_length: int,
+                   doc_stride: int, max_question_length: int) -> tuple[EncodedSplit, int]:
+    """A span task's split: one example per window, and how many questions were cut."""
+    sequences, labels, spans, cut = encode_questions(tokenizer, special, questions, max_length, doc_stride,
+                                                     max_question_length)
+    return ragged(sequences, labels, spans), cut
+
+
+def ragged(sequences: list[list[int]], labels: np.ndarray, spans: SpanIndex | None = None) -> EncodedSplit:
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)
     tokens = np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum()))
-    return EncodedSplit(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.asarray(split.labels, dtype=label_dtype)), cut
+    return EncodedSplit(tokens, np.concatenate([[0], np.cumsum(lengths)]), labels, spans)
 
 
 def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:

@@ -18,6 +18,9 @@ class Space:
     batch_size: tuple[int, ...]
     warmup: tuple[float, ...]
     lr_by_preset: dict[str, tuple[float, ...]] = field(default_factory=dict)  # e.g. large++'s own learning rates
+    max_length: int = 0  # tokens per example for this space's tasks; 0: the grid's
+    doc_stride: int = 128  # span tasks (SQuAD 2.0): tokens between the starts of a context's windows
+    max_question_length: int = 64  # span tasks: a question's tokens at most
 
     def learning_rates(self, lr_set: str) -> tuple[float, ...]:
         return self.lr_by_preset.get(lr_set, self.lr)
@@ -37,6 +40,9 @@ class Grid:
         if name is None:
             raise ValueError(f"grid {self.name}: no space for task {task!r} and no `default` in its tasks")
         return self.spaces[name]
+
+    def max_length_of(self, task: str) -> int:
+        return self.space(task).max_length or self.max_length
 
     def points(self, task: str, lr_set: str = "") -> list[dict[str, Any]]:
         """Every grid point of a task, in grid order (epochs, lr, batch size, warm-up)."""
@@ -77,6 +83,7 @@ def load_grid(name_or_path: str) -> Grid:
             epochs=tuple(int(v) for v in values["epochs"]), lr=tuple(float(v) for v in values["lr"]),
             batch_size=tuple(int(v) for v in values["batch_size"]), warmup=tuple(float(v) for v in values["warmup"]),
             lr_by_preset={k: tuple(float(v) for v in lrs) for k, lrs in (values.get("lr_by_preset") or {}).items()},
+            **{k: int(values[k]) for k in ("max_length", "doc_stride", "max_question_length") if k in values},
         )
     tasks = {str(k).lower(): str(v) for k, v in (raw.get("tasks") or {}).items()}
     unknown = sorted(set(tasks.values()) - set(spaces))

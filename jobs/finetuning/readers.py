@@ -1,10 +1,10 @@
 """Fine-tuning task readers: GLUE, SNLI and a user's own files, each into a `Task` of labelled splits.
 
-    load_tasks("glue" | "snli" | "rte,mrpc" | FILE_OR_FOLDER, glue_dir=...) -> list[Task]
+    read_glue_task(name, data_dir) | read_glue_hub(name) | read_snli() | read_user_task(path) -> Task
 
 - **GLUE** (the eight tasks of docs/method.md section 7.5) from the standard GLUE directory layout
-  (`<glue_dir>/MNLI/train.tsv`, `dev_matched.tsv`, `dev_mismatched.tsv`, `<glue_dir>/CoLA/...`),
-  or from the Hugging Face hub through `datasets` when no `glue_dir` is given (needs network and
+  (`<data_dir>/MNLI/train.tsv`, `dev_matched.tsv`, `dev_mismatched.tsv`, `<data_dir>/CoLA/...`),
+  or from the Hugging Face hub through `datasets` when no `data_dir` is given (needs network and
   the `datasets` package, imported only then). GLUE's test sets carry no labels: dev is reported.
 - **SNLI** from the shipped `data/snli/*.jsonl.gz`. It has no dev split here, so a fixed part of
   train is held out for model selection, whole premises at a time (SNLI writes three hypotheses per
@@ -65,7 +65,8 @@ class Split:
 @dataclass(frozen=True)
 class SkippedRow:
     path: str
-    line: int  # 1-based physical line of the file (the record's last line for a quoted multi-line CSV row)
+    line: int | str  # 1-based physical line of the file (the record's last line for a quoted multi-line CSV
+    # row), or the entry's position in a JSON file (data[3].paragraphs[0].qas[2])
     reason: str
 
 
@@ -84,11 +85,12 @@ class Task:
 
 
 def skip_report(name: str, skipped: Sequence[SkippedRow]) -> str:
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[str, str], list[int | str]] = {}
     for row in skipped:
         groups.setdefault((row.path, row.reason), []).append(row.line)
     return "\n".join(
-        f"{name}: skipped {len(lines)} malformed row(s) of {path} ({reason}) at line(s) {', '.join(map(str, lines))}"
+        f"{name}: skipped {len(lines)} malformed row(s) of {path} ({reason}) at "
+        f"{'line(s) ' if isinstance(lines[0], int) else ''}{', '.join(map(str, lines))}"
         for (path, reason), lines in groups.items()
     )
 
@@ -191,11 +193,11 @@ def read_glue_tsv(path: Path, spec: TaskSpec, fmt: GlueFormat) -> tuple[Split, l
     return rows.finish()
 
 
-def read_glue_task(name: str, glue_dir: str | Path) -> Task:
+def read_glue_task(name: str, data_dir: str | Path) -> Task:
     spec, fmt = GLUE[_glue_name(name)]
-    folder = Path(glue_dir) / fmt.folder
+    folder = Path(data_dir) / fmt.folder
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} not found: --glue-dir must hold the GLUE folders ({fmt.folder}/train.tsv, ...)")
+        raise FileNotFoundError(f"{folder} not found: --data-dir must hold the GLUE folders ({fmt.folder}/train.tsv, ...)")
     train, skipped = read_glue_tsv(folder / "train.tsv", spec, fmt)
     dev = {}
     for split, filename in zip(spec.dev_splits, fmt.dev_files):
@@ -212,7 +214,7 @@ def read_glue_hub(name: str) -> Task:
     except ImportError:
         raise ImportError(
             f"reading {spec.display} from the Hugging Face hub needs the `datasets` package: "
-            f"`pip install datasets` (and network), or pass --glue-dir with the GLUE files"
+            f"`pip install datasets` (and network), or pass --data-dir with the GLUE files"
         ) from None
     loaded = datasets.load_dataset("nyu-mll/glue", fmt.hub_config)
     names = getattr(loaded["train"].features["label"], "names", None)
@@ -422,25 +424,6 @@ def _read_jsonl(path: Path, spec: TaskSpec, text: str, pair: str | None, label: 
             continue
         rows.add(number, record.get(text), record.get(pair) if pair else None, record.get(label))
     return rows.finish()
-
-
-def load_tasks(which: str, glue_dir: str | Path | None = None, kind: str | None = None) -> list[Task]:
-    """'glue' (all eight), 'snli', a comma list of task names, or a user task file / folder."""
-    if Path(which).exists():
-        return [read_user_task(which, kind)]
-    names = [n.strip() for n in which.split(",") if n.strip()]
-    if names == ["glue"]:
-        names = list(GLUE)
-    tasks = []
-    for name in names:
-        if name.lower() == "snli":
-            tasks.append(read_snli())
-        elif GLUE_ALIASES.get(name.lower(), name.lower()) in GLUE:
-            tasks.append(read_glue_task(name, glue_dir) if glue_dir else read_glue_hub(name))
-        else:
-            raise ValueError(f"--tasks {which!r}: {name!r} is neither a task ({['glue', 'snli', *GLUE]}) "
-                             f"nor an existing file or folder")
-    return tasks
 
 
 def subsample(task: Task, max_train: int = 0, max_dev: int = 0) -> Task:

@@ -1,4 +1,4 @@
-"""What each task is: GLUE's eight (docs/method.md section 7.5), SNLI, and the spec of a user's task."""
+"""What each task is: GLUE's eight (docs/method.md section 7.5), SNLI, SQuAD 2.0 and the spec of a user's task."""
 
 from __future__ import annotations
 
@@ -14,18 +14,19 @@ class TaskSpec:
 
     name: str  # lower case key: mnli, sts-b, snli, or a user task's file stem
     display: str  # as in the paper's tables: MNLI, STS-B, ...
-    kind: str  # classification | regression
-    labels: tuple[str, ...]  # label strings in id order; () for regression
-    metrics: tuple[str, ...]  # keys of METRICS, all computed at every evaluation
+    kind: str  # classification | regression | span (extractive question answering)
+    labels: tuple[str, ...]  # label strings in id order; () for regression and span
+    metrics: tuple[str, ...]  # keys of METRICS (SPAN_METRICS for span), all computed at every evaluation
     score: str  # the one of `metrics` that ranks grid points and enters the averages
     dev_splits: tuple[str, ...] = ("dev",)
     targets: tuple[str, ...] = ()  # display name of each dev split's score (MNLI-m, MNLI-mm); default display
 
     def __post_init__(self) -> None:
-        if self.kind not in ("classification", "regression"):
-            raise ValueError(f"task {self.name}: kind must be classification or regression, not {self.kind!r}")
-        if self.score not in self.metrics or not set(self.metrics) <= set(METRICS):
-            raise ValueError(f"task {self.name}: metrics {self.metrics} must be among {sorted(METRICS)} "
+        if self.kind not in ("classification", "regression", "span"):
+            raise ValueError(f"task {self.name}: kind must be classification, regression or span, not {self.kind!r}")
+        known = SPAN_METRICS if self.kind == "span" else METRICS
+        if self.score not in self.metrics or not set(self.metrics) <= set(known):
+            raise ValueError(f"task {self.name}: metrics {self.metrics} must be among {sorted(known)} "
                              f"and include the score {self.score!r}")
         if self.kind == "classification" and len(self.labels) < 2:
             raise ValueError(f"task {self.name}: classification needs at least two labels, got {self.labels}")
@@ -37,6 +38,14 @@ class TaskSpec:
     def target(self, dev_split: str) -> str:
         """The name a dev split's score goes by in tables: MNLI's two dev sets are two columns."""
         return self.targets[self.dev_splits.index(dev_split)] if self.targets else self.display
+
+
+# A span task's metrics: our names (fractions, as every score here) for the keys of the official
+# SQuAD 2.0 evaluation (percentages; jobs/finetuning/squad_metric.py). `best_*` are at the no-answer
+# threshold that is best on the evaluated set itself, so they are tabled, never the score.
+SPAN_METRICS = {"f1": "f1", "exact": "exact", "has_ans_f1": "HasAns_f1", "has_ans_exact": "HasAns_exact",
+                "no_ans_f1": "NoAns_f1", "no_ans_exact": "NoAns_exact", "best_f1": "best_f1",
+                "best_exact": "best_exact"}
 
 
 def evaluate(spec: TaskSpec, predictions: Sequence, labels: Sequence) -> dict[str, float]:
@@ -111,3 +120,6 @@ GLUE_ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b"}
 
 SNLI = TaskSpec("snli", "SNLI", "classification", ("contradiction", "entailment", "neutral"), ("accuracy",),
                 "accuracy")
+
+# Paper Table 1 reports SQuAD 2.0 EM and F1; F1 ranks grid points, EM is tabled beside it.
+SQUAD_V2 = TaskSpec("squad_v2", "SQuAD 2.0", "span", (), tuple(SPAN_METRICS), "f1")

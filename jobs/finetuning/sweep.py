@@ -1,7 +1,7 @@
 """Fine-tuning sweeps on Ray Tune: a grid x seeds, medians and best points tracked in MLflow.
 
-    python -m jobs.finetuning --from RUN_ID_OR_DIR --tasks glue|snli|rte,mrpc|FILE_OR_FOLDER
-        [--grid paper|quick|GRID.yaml] [--seeds 5] [--tracking-uri URI] [--glue-dir DIR]
+    python -m jobs.finetuning --from RUN_ID_OR_DIR --tasks glue|snli|squad_v2|glue,squad_v2|rte,mrpc|FILE_OR_FOLDER
+        [--grid paper|quick|GRID.yaml] [--seeds 5] [--tracking-uri URI] [--data-dir DIR]
         [--max-train N] [--max-dev N] [--max-length N] [--kind classification|regression]
         [--lr-set base|large++] [--cpus-per-trial C] [--gpus-per-trial G] [--max-failures N]
         [--experiment NAME] [--storage DIR] [--name NAME]
@@ -45,7 +45,8 @@ from jobs.env import set_hermetic_env
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.encoding import EncodedTask, encode_task
 from jobs.finetuning.grid import Grid, available_grids, load_grid, trial_name
-from jobs.finetuning.readers import load_tasks, subsample
+from jobs.finetuning.readers import subsample
+from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.tables import SweepTables, log_tables, tabulate
 from jobs.finetuning.trial import PretrainedEncoder, TrialConfig, fine_tune
 from jobs.names import (ATTEMPT_TAG, CHECKPOINT_TAG, ERROR_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, KIND_TRIAL,
@@ -80,14 +81,16 @@ class SweepOptions:
     source: str = field(metadata=option(
         "pretraining MLflow run id, `last` (the newest finished pretraining run), exported encoder directory, "
         "or pretraining checkpoint directory", flag="--from"))
-    tasks: str = field(default="snli", metadata=option("glue | snli | comma list (rte,mrpc) | a task file or folder"))
+    tasks: str = field(default="snli", metadata=option(
+        "glue | snli | squad_v2 | comma list (rte,mrpc or glue,squad_v2) | a task file or folder"))
     grid: str = field(default="quick", metadata=option(f"one of {available_grids()} or a grid YAML file"))
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=option(
         "how many seeds (5 = seeds 0..4), or a comma list", parse=parse_seeds))
     tracking_uri: str | None = field(default=None, metadata=option(
         "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
-    glue_dir: str | None = field(default=None, metadata=option(
-        "folder with the GLUE task folders (default: the Hugging Face hub)"))
+    data_dir: str | None = field(default=None, metadata=option(
+        "folder with the downloaded task data: GLUE task folders (MNLI/train.tsv, ...) and SQuAD 2.0's "
+        "train-v2.0.json and dev-v2.0.json (default: GLUE from the Hugging Face hub; SQuAD needs it)"))
     max_train: int | None = field(default=None, metadata=option(
         "train examples per task, fixed-seed subset (0 = all; default: the grid's)"))
     max_dev: int | None = field(default=None, metadata=option("dev examples per dev set (0 = all; default: the grid's)"))
@@ -143,11 +146,11 @@ class MlflowTrials(tune.Callback):
     """Keeps one MLflow child run per trial attempt, under the sweep's parent run, and prints a line
     per finished trial."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, base_params: dict[str, Any],
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, task_params: dict[str, dict],
                  total: int) -> None:
         self.client = MlflowClient(tracking_uri)
-        self.experiment_id, self.parent_run_id, self.base_params, self.total = (experiment_id, parent_run_id,
-                                                                                base_params, total)
+        self.experiment_id, self.parent_run_id, self.task_params, self.total = (experiment_id, parent_run_id,
+                                                                                task_params, total)
         self.runs: dict[str, str] = {}  # trial id -> child run of its current attempt
         self.attempts: dict[str, int] = {}
         self.finished = 0
@@ -159,8 +162,9 @@ class MlflowTrials(tune.Callback):
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: name, KIND_TAG: KIND_TRIAL,
             ATTEMPT_TAG: str(self.attempts[trial.trial_id])})
         self.runs[trial.trial_id] = run.info.run_id
-        point = {k: v for k, v in trial.config["point"].items()}
-        tracking.log_params(self.client, run.info.run_id, {**self.base_params, **point, "seed": trial.config["seed"]})
+        point = trial.config["point"]
+        tracking.log_params(self.client, run.info.run_id, {**self.task_params[point["task"]], **point,
+                                                           "seed": trial.config["seed"]})
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self.runs.get(trial.trial_id)
@@ -265,16 +269,20 @@ def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: st
     """Everything decided before Ray starts: the encoder, the encoded tasks, the grid points."""
     encoder = resolve_encoder(opts.source, tracking_uri, workdir)
     pretraining_run = encoder.pretraining_run or _run_of_checkpoint(client, opts.source)
-    max_length = opts.max_length or grid.max_length
-    if max_length > encoder.cfg.max_positions:
-        raise ValueError(f"max length {max_length} exceeds the encoder's {encoder.cfg.max_positions} positions")
     max_train, max_dev = _pick(opts.max_train, grid.max_train), _pick(opts.max_dev, grid.max_dev)
-    tasks = [subsample(t, max_train, max_dev) for t in load_tasks(opts.tasks, opts.glue_dir, opts.kind)]
-    encoded = {t.spec.name: encode_task(t, encoder.tokenizer_dir, max_length) for t in tasks}
+    tasks = [subsample(t, max_train, max_dev) for t in load_tasks(opts.tasks, opts.data_dir, opts.kind)]
+    max_length = {t.spec.name: opts.max_length or grid.max_length_of(t.spec.name) for t in tasks}
+    too_long = {task: n for task, n in max_length.items() if n > encoder.cfg.max_positions}
+    if too_long:
+        raise ValueError(f"max length {too_long} exceeds the encoder's {encoder.cfg.max_positions} positions")
+    encoded = {name: encode_task(t, encoder.tokenizer_dir, max_length[name], grid.space(name).doc_stride,
+                                 grid.space(name).max_question_length)
+               for t in tasks for name in [t.spec.name]}
     lr_set = grid.lr_set(opts.lr_set, encoder.preset)
     points = [p for t in tasks for p in grid.points(t.spec.name, lr_set)]
     params = {"pretraining_run": pretraining_run, "from": opts.source, "tasks": opts.tasks, "grid": grid.name,
-              "seeds": ",".join(map(str, opts.seeds)), "max_length": max_length, "lr_set": lr_set,
+              "seeds": ",".join(map(str, opts.seeds)), "max_length": ",".join(map(str, max_length.values())),
+              "lr_set": lr_set,
               "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
               "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
     return _Plan(encoder, pretraining_run, encoded, points, params, _describe(tasks, encoded))
@@ -288,14 +296,22 @@ def _describe(tasks, encoded) -> str:
     lines = []
     for task in tasks:
         e = encoded[task.spec.name]
-        sizes = ", ".join(f"{k} {len(v)}" for k, v in [("train", e.train), *e.dev.items(), ("test", e.test)] if v is not None)
+        sizes = ", ".join(f"{k} {_size(v)}" for k, v in [("train", e.train), *e.dev.items(), ("test", e.test)]
+                          if v is not None)
         cut = ", ".join(f"{k} {v}" for k, v in e.truncated.items() if v)
+        what = "questions cut to their first tokens" if task.spec.kind == "span" else \
+            f"examples truncated to {e.max_length} tokens"
         lines.append(f"{task.spec.display} ({task.spec.kind}, score: {task.spec.score}): {sizes}"
-                     + (f"; examples truncated to {e.max_length} tokens: {cut}" if cut else ""))
+                     + (f"; {what}: {cut}" if cut else ""))
         lines += list(task.notes)
         if task.skipped:
             lines.append(task.skip_report())
     return "\n".join(lines)
+
+
+def _size(split) -> str:
+    """Examples, or for a span task questions and the windows they make."""
+    return f"{len(split.spans.ids)} questions in {len(split)} windows" if split.spans is not None else str(len(split))
 
 
 def _run_of_checkpoint(client: MlflowClient, source: str) -> str:
@@ -340,9 +356,9 @@ def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str
     refs = {name: ray.put(task) for name, task in plan.encoded.items()}
     trainable = tune.with_resources(tune.with_parameters(tune_trial, tasks=refs, encoder=plan.encoder,
                                                          settings=settings), resources)
-    child_params = {"pretraining_run": plan.pretraining_run, "max_length": plan.params["max_length"]}
-    callback = MlflowTrials(tracking_uri, experiment_id, parent_run_id, child_params,
-                                len(plan.points) * len(opts.seeds))
+    child_params = {name: {"pretraining_run": plan.pretraining_run, "max_length": task.max_length}
+                    for name, task in plan.encoded.items()}
+    callback = MlflowTrials(tracking_uri, experiment_id, parent_run_id, child_params, len(plan.points) * len(opts.seeds))
     tuner = tune.Tuner(
         trainable,
         param_space={"point": tune.grid_search(plan.points), "seed": tune.grid_search(list(opts.seeds))},

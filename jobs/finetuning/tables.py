@@ -86,6 +86,10 @@ def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
             metrics.append(Metric("glue_avg", float(row["score_median"]), now, 0))
         elif pd.notna(row["score_median"]):
             metrics += [Metric(best_task_metric(row["task"], stat), float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+            # The best point's other metrics (SQuAD's EM beside its F1, MRPC's F1, SNLI's test accuracy).
+            metrics += [Metric(best_task_metric(row["task"], column), float(row[column]), now, 0)
+                        for column in out.table.columns
+                        if column.endswith("_median") and column != "score_median" and pd.notna(row[column])]
     metrics.append(Metric("trials_failed", float((out.trials.drop_duplicates("trial")["status"] == "failed").sum()), now, 0))
     metrics.append(Metric("points_incomplete", float((~out.summary["complete"]).sum()), now, 0))
     for start in range(0, len(metrics), 1000):

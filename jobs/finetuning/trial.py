@@ -1,7 +1,7 @@
 """One fine-tuning trial: plain PyTorch, callable without Ray (`fine_tune`), run by Ray Tune in a sweep.
 
 A trial is one (task, lr, batch size, epochs, warm-up, seed) (docs/method.md section 7.2): the pretrained main
-encoder plus the [CLS] head, AdamW (0.9, 0.98), eps 1e-6, weight decay 0.01, linear warm-up then
+encoder plus the [CLS] head (the start/end head for SQuAD 2.0, section 7.6), AdamW (0.9, 0.98), eps 1e-6, weight decay 0.01, linear warm-up then
 linear decay to 0, no gradient clipping, dropout 0.1; dev is evaluated every half epoch and the best
 evaluation is kept (per dev set: MNLI-m and MNLI-mm each keep their own best). A task with a test
 split (SNLI) is scored on it once, with the weights of the best evaluation on its first dev set.
@@ -26,11 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from model import Encoder, EncoderConfig
-from model.classifier import SequenceClassifier
+from model.classifier import SequenceClassifier, SpanExtractor
 from model.step import param_groups, warmup_linear_decay
 
 from jobs.finetuning.encoding import EncodedSplit, EncodedTask
-from jobs.finetuning.specs import evaluate
+from jobs.finetuning.specs import SPAN_METRICS, TaskSpec, evaluate
+from jobs.finetuning.squad_features import best_answers
+from jobs.finetuning.squad_metric import evaluate as squad_evaluate
 from jobs.names import best_split_metric
 
 EVAL_BATCH = 128
@@ -90,7 +92,7 @@ class TrialResult:
 
 
 def batches(split: EncodedSplit, order: np.ndarray, batch_size: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(input_ids (B, T), labels (B,)) in `order`, each batch padded to its own longest example."""
+    """(input_ids (B, T), labels (B,) or (B, 2)) in `order`, each batch padded to its own longest example."""
     lengths = split.lengths()
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
@@ -100,25 +102,59 @@ def batches(split: EncodedSplit, order: np.ndarray, batch_size: int, pad_id: int
         yield torch.from_numpy(ids), torch.from_numpy(split.labels[rows])
 
 
+def build_model(spec: TaskSpec, encoder: Encoder, dropout: float) -> torch.nn.Module:
+    return SpanExtractor(encoder) if spec.kind == "span" else SequenceClassifier(encoder, spec.num_outputs, dropout)
+
+
+def task_loss(spec: TaskSpec, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over classes, squared error for regression, and for a span task the mean of the
+    start and the end position's cross-entropy over the window's positions (BERT's SQuAD loss)."""
+    if spec.kind == "span":
+        return (F.cross_entropy(logits[..., 0], labels[:, 0]) + F.cross_entropy(logits[..., 1], labels[:, 1])) / 2
+    return F.mse_loss(logits[:, 0], labels) if spec.kind == "regression" else F.cross_entropy(logits, labels)
+
+
 @torch.no_grad()
-def predict(model: SequenceClassifier, split: EncodedSplit, pad_id: int, device: torch.device,
-            regression: bool, autocast) -> np.ndarray:
-    """Predicted class ids (or values) in the split's order; batches of similar lengths pad little."""
+def outputs(model: torch.nn.Module, split: EncodedSplit, pad_id: int, device: torch.device,
+            autocast) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+    """(example indices, float logits on the CPU) in batches of similar lengths, which pad little."""
     model.eval()
     order = np.argsort(split.lengths(), kind="stable")
-    out = np.empty(len(split), dtype=np.float64 if regression else np.int64)
     position = 0
     for ids, _ in batches(split, order, EVAL_BATCH, pad_id):
         with autocast:
-            logits = model(ids.to(device), (ids != pad_id).to(device)).float()  # (B, C)
-        values = logits[:, 0] if regression else logits.argmax(-1)
-        out[order[position : position + len(ids)]] = values.cpu().numpy()
+            logits = model(ids.to(device), (ids != pad_id).to(device)).float()
+        yield order[position : position + len(ids)], logits.cpu()
         position += len(ids)
     model.train()
+
+
+def predict(model: SequenceClassifier, split: EncodedSplit, pad_id: int, device: torch.device,
+            regression: bool, autocast) -> np.ndarray:
+    """Predicted class ids (or values) in the split's order."""
+    out = np.empty(len(split), dtype=np.float64 if regression else np.int64)
+    for rows, logits in outputs(model, split, pad_id, device, autocast):  # logits (B, C)
+        out[rows] = (logits[:, 0] if regression else logits.argmax(-1)).numpy()
     return out
 
 
+def predict_answers(model: SpanExtractor, split: EncodedSplit, pad_id: int, device: torch.device,
+                    autocast) -> tuple[dict[str, str], dict[str, float]]:
+    """Per question id: the answer text ("" for no answer) and the no-answer probability."""
+    start, end = [None] * len(split), [None] * len(split)
+    lengths = split.lengths()
+    for rows, logits in outputs(model, split, pad_id, device, autocast):  # logits (B, T, 2)
+        for j, i in enumerate(rows):
+            start[i], end[i] = logits[j, : lengths[i], 0].numpy(), logits[j, : lengths[i], 1].numpy()
+    return best_answers(split.spans, start, end)
+
+
 def score(model, split: EncodedSplit, task: EncodedTask, device, autocast) -> dict[str, float]:
+    if task.spec.kind == "span":
+        predictions, na_probs = predict_answers(model, split, task.pad_id, device, autocast)
+        official = squad_evaluate(split.spans.gold, predictions, na_probs)
+        out = {ours: official.get(theirs, math.nan) / 100 for ours, theirs in SPAN_METRICS.items()}
+        return {**out, "score": out[task.spec.score]}
     regression = task.spec.kind == "regression"
     predictions = predict(model, split, task.pad_id, device, regression, autocast)
     return evaluate(task.spec, predictions.tolist(), split.labels.tolist())
@@ -136,7 +172,7 @@ def fine_tune(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(cfg.seed)  # head initialisation and dropout
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    model = SequenceClassifier(encoder.build(), task.spec.num_outputs, cfg.dropout).to(device)
+    model = build_model(task.spec, encoder.build(), cfg.dropout).to(device)
     model.train()
     steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
@@ -145,7 +181,6 @@ def fine_tune(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(round(cfg.warmup * total), total))
     eval_at = _eval_steps(steps_per_epoch, cfg.epochs, cfg.evals_per_epoch)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.bf16)
-    regression = task.spec.kind == "regression"
     best: dict[str, dict[str, float]] = {}
     best_state, history, step, losses = None, [], 0, []
     for _ in range(cfg.epochs):
@@ -153,8 +188,8 @@ def fine_tune(
         for ids, labels in batches(task.train, order, cfg.batch_size, task.pad_id):
             ids, labels = ids.to(device), labels.to(device)
             with autocast:
-                logits = model(ids, ids != task.pad_id).float()  # (B, C)
-            loss = F.mse_loss(logits[:, 0], labels) if regression else F.cross_entropy(logits, labels)
+                logits = model(ids, ids != task.pad_id).float()  # (B, C), or (B, T, 2) for a span task
+            loss = task_loss(task.spec, logits, labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

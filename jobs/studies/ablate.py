@@ -1,7 +1,7 @@
 """An ablation study: pretrain every variant, fine-tune each, all in one MLflow experiment.
 
     python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
-        [--tasks snli|glue|rte,mrpc] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
+        [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--represent-pairs 500] [--tracking-uri URI] [--storage URI] [--experiment NAME]
 
 Variants are pretrained one after the other (`jobs.pretraining.job.run`): each pretraining run already takes
@@ -63,7 +63,8 @@ class AblationOptions:
         "dotted config override for every variant, after its overlay, e.g. train.max_steps=40 (repeatable)",
         flag="--set", repeat=True, metavar="KEY=VALUE"))
     tasks: str | None = field(default=None, metadata=option(
-        "fine-tune every variant on these tasks (snli | glue | rte,mrpc); default: pretraining only"))
+        "fine-tune every variant on these tasks (snli | glue | squad_v2 | rte,mrpc); default: pretraining only"))
+    data_dir: str | None = _like_sweep("data_dir")
     grid: str = _like_sweep("grid")
     seeds: tuple[int, ...] = _like_sweep("seeds")
     max_train: int | None = _like_sweep("max_train")
@@ -151,7 +152,8 @@ def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: st
         print(f"sweep of {variant} on {opts.tasks} (grid {grid}) already finished: MLflow run {existing}", flush=True)
         return existing, "ALREADY_FINISHED"
     result = run_sweep(SweepOptions(
-        source=pretraining_run, tasks=opts.tasks, grid=opts.grid, seeds=opts.seeds, tracking_uri=tracking_uri,
+        source=pretraining_run, tasks=opts.tasks, data_dir=opts.data_dir, grid=opts.grid, seeds=opts.seeds,
+        tracking_uri=tracking_uri,
         max_train=opts.max_train, max_dev=opts.max_dev, experiment=opts.experiment_name,
         name=f"sweep-{variant}-{grid}-{opts.tasks}"[:200]))  # its parent takes preset/variant from the pretraining run
     return result.run_id, "FINISHED"
