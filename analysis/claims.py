@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from jobs.runs import with_fractions
+
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 SINGLE_VALUE_TOLERANCE = 0.005
 HIGH_COPY_ACCURACY, HIGH_POSITIVE_COSINE, NEAR_ZERO = 0.9, 0.8, 0.2
@@ -104,6 +106,38 @@ def compare_finetuning(source: str, statement: str, better: str, worse: str, sco
                  f"{'/'.join(map(str, seeds)) or '?'} seeds; min-max {spread}", verdict)
 
 
+def scl_gain_claim(scores: pd.DataFrame, runs: pd.DataFrame, with_scl: str = "cocolm",
+                   without_scl: str = "clm_only") -> Claim:
+    """Fig. 7c/d: the gain of SCL (`with_scl` - `without_scl`, fine-tuning medians) is larger at the smallest
+    label fraction both were fine-tuned on than at the largest, per task and then on average. Within noise
+    when that change is at most half the mean min-max spread over seeds of the four points it rests on."""
+    statement = f"the SCL gain ({with_scl} - {without_scl}) grows as labels shrink"
+    ids = dict(zip(runs["variant"], runs["run_id"]))
+    absent = [v for v in (with_scl, without_scl) if v not in ids]
+    if absent:
+        return not_measured("Fig. 7c/d", statement, f"no {' or '.join(absent)} pretraining run in the study")
+    points = with_fractions(scores)
+    a, b = (points[points["pretraining_run"] == ids[v]].set_index(["base", "fraction"]) for v in (with_scl, without_scl))
+    shared = sorted(set(a.index) & set(b.index))
+    tasks = sorted({t for t, _ in shared if len([f for u, f in shared if u == t]) >= 2})
+    if not tasks:
+        return not_measured("Fig. 7c/d", statement, f"{with_scl} and {without_scl} share no task fine-tuned on two "
+                            f"or more label fractions (--label-fractions)")
+    changes, spreads, numbers = [], [], []
+    for task in tasks:
+        low, high = (f(f_ for t, f_ in shared if t == task) for f in (min, max))
+        gain = {f: a.loc[(task, f), "score"] - b.loc[(task, f), "score"] for f in (low, high)}
+        changes.append(gain[low] - gain[high])
+        spreads += [(side.loc[(task, f), "max"] - side.loc[(task, f), "min"]) / 2 for side in (a, b) for f in (low, high)]
+        numbers.append(f"{task}: {100 * gain[low]:+.2f} at {low:g} of the labels, {100 * gain[high]:+.2f} at {high:g}")
+    change, noise = float(np.mean(changes)), float(np.nanmean(spreads))
+    verdict = NOISE if abs(change) <= noise else (HOLDS if change > 0 else FAILS)
+    seeds = sorted({int(s) for s in pd.concat([a["seeds"], b["seeds"]]) if s == s})
+    return Claim("Fig. 7c/d", statement, "; ".join(numbers) + " (x100)",
+                 f"{'/'.join(map(str, seeds)) or '?'} seeds per point; change {100 * change:+.2f} vs noise "
+                 f"{100 * noise:.2f} (half the mean min-max spread)", verdict)
+
+
 def equal_steps(runs: pd.DataFrame, variants: tuple[str, ...]) -> bool:
     present = runs[runs["variant"].isin(variants)]
     steps = present.get("params.train.max_steps", pd.Series(dtype=object)).dropna().unique()
@@ -115,8 +149,10 @@ def equal_steps(runs: pd.DataFrame, variants: tuple[str, ...]) -> bool:
 
 def judge(runs: pd.DataFrame, hist: pd.DataFrame, scores: pd.DataFrame) -> list[Claim]:
     """Every claim, from the study's pretraining runs (one per variant: `latest_per_variant`), their
-    metric histories and the fine-tuning scores (`sweep_scores`, with min, max and seeds)."""
+    metric histories and the fine-tuning scores (`sweep_scores`, with min, max and seeds). Tables 1 and 3
+    compare the scores on all the labels; Fig. 7c/d reads the label fractions."""
     by_variant = {row["variant"]: row for _, row in runs.iterrows()}
+    all_scores, scores = scores, scores[with_fractions(scores)["fraction"] >= 1]
 
     def last(variant: str, key: str) -> float | None:
         row = by_variant.get(variant)
@@ -167,7 +203,7 @@ def judge(runs: pd.DataFrame, hist: pd.DataFrame, scores: pd.DataFrame) -> list[
     else:
         claims += [compare_finetuning("Table 1", f"{statement}: {a} >= {b}", a, b, scores, runs)
                    for a, b in zip(order, order[1:])]
-    return claims
+    return [*claims, scl_gain_claim(all_scores, runs)]
 
 
 def claims_markdown(claims: list[Claim]) -> str:

@@ -12,6 +12,8 @@ finished sweep) and writes:
     fig8_copy_lm_accuracy.png   copy and LM accuracy on replaced vs original tokens during pretraining
     fig7_scl_cosine.png         mean cosine of positive (7a) and negative (7b) SCL pairs during pretraining
     fig1_cls_cosine.png         [CLS] cosine histograms, random vs similar pairs (when jobs.studies.represent ran)
+    fig7cd_label_fractions.png  score against the fraction of training labels per task, a line per run, min-max
+    label_fractions.{csv,md}    its numbers (when a sweep ran with --label-fractions)
     representation.{csv,md}     the representation summary metrics per variant (idem)
     claims.md                   the paper's directional claims, each with its numbers, seeds and a verdict
                                 (analysis/claims.py); also printed
@@ -45,8 +47,8 @@ from jobs.finetuning.medians import GLUE_TARGETS
 from jobs.finetuning.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         REPRESENT_ARTIFACT, REPRESENT_METRICS)
-from jobs.runs import experiment_ids, histories, latest_per_variant, pretraining_runs, sweep_scores
-from jobs.studies.figures import pyplot, representation_figure
+from jobs.runs import experiment_ids, histories, latest_per_variant, pretraining_runs, sweep_scores, with_fractions
+from jobs.studies.figures import pyplot, representation_figure, save
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -149,11 +151,39 @@ def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[t
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, title, path)
+
+
+def label_fraction_table(runs: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 7c/d's numbers: per pretraining run and task fine-tuned on fractions of its labels, one row per
+    fraction (1 = all the labels, when that sweep ran too) with the best point's median, min and max."""
+    points = with_fractions(scores)
+    curved = set(points.loc[points["fraction"] < 1, "base"])
+    points = points[points["base"].isin(curved)].merge(runs[RUN_COLUMNS], left_on="pretraining_run", right_on="run_id")
+    columns = [*RUN_COLUMNS, "base", "fraction", "score", "min", "max", "seeds"]
+    return points[columns].rename(columns={"base": "task"}).sort_values(
+        ["task", "preset", "variant", "fraction"], kind="stable").reset_index(drop=True)
+
+
+def label_fraction_figure(table: pd.DataFrame, path: Path) -> Path:
+    """Paper Fig. 7c/d: a panel per task, score (median over seeds, x100) against the fraction of training
+    labels on a log axis, a line per pretraining run, error bars from the seeds' min to max."""
+    plt = pyplot()
+    tasks = list(dict.fromkeys(table["task"]))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for i, (run_id, line) in enumerate(table[table["task"] == task].groupby("run_id", sort=False)):
+            y = 100 * line["score"].to_numpy()
+            error = [y - 100 * line["min"].to_numpy(), 100 * line["max"].to_numpy() - y]
+            ax.errorbar(line["fraction"], y, yerr=error, marker="o", capsize=3, color=f"C{i % 10}",
+                        label=_label(line.iloc[0]))
+        ax.set_xscale("log")
+        ax.set_title(task)
+        ax.set_xlabel("fraction of the training labels")
+        ax.set_ylabel("dev score x100 (median; bars: min-max over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, "Fig. 7c/d: fine-tuning on fractions of the labels", path)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -179,7 +209,7 @@ def build(client, experiment: str | None, out: Path) -> Report:
     experiments = experiment_ids(client, experiment)
     runs = latest_per_variant(pretraining_runs(client, experiments))
     scores = sweep_scores(client, experiments)
-    table = finetuning_table(runs, scores)
+    table = finetuning_table(runs, scores[with_fractions(scores)["fraction"] >= 1])
     ablation = ablation_table(table)
     files = []
     for name, df, diffs in (("finetuning_table", table, False), ("ablation_table", ablation, True)):
@@ -196,11 +226,24 @@ def build(client, experiment: str | None, out: Path) -> Report:
         made = curves_figure(hist, labels, panels, title, out / f"{name}.png")
         files += [made] if made else []
     files += _representation(client, runs, out)
+    files += _label_fractions(runs, scores, out)
     files += pretraining_table(runs, out)
     claims = judge(runs, hist, scores)
     (out / "claims.md").write_text(claims_markdown(claims))
     files.append(out / "claims.md")
     return Report(out, table, ablation, files, claims=claims)
+
+
+def _label_fractions(runs: pd.DataFrame, scores: pd.DataFrame, out: Path) -> list[Path]:
+    """The label-fraction table and figure, when a sweep ran with --label-fractions."""
+    table = label_fraction_table(runs, scores)
+    if table.empty:
+        return []
+    table.to_csv(out / "label_fractions.csv", index=False)
+    (out / "label_fractions.md").write_text("Fine-tuning on fractions of the labels (Fig. 7c/d): best grid point per "
+                                            "fraction: median, min and max over seeds (0..1)\n\n" + plain_markdown(table))
+    return [out / "label_fractions.csv", out / "label_fractions.md",
+            label_fraction_figure(table, out / "fig7cd_label_fractions.png")]
 
 
 def pretraining_table(runs: pd.DataFrame, out: Path) -> list[Path]:

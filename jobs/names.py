@@ -10,6 +10,7 @@ from __future__ import annotations
 PRETRAINING_EXPERIMENT = "pretraining"
 FINETUNING_EXPERIMENT = "finetuning"
 ANALYSIS_EXPERIMENT = "analysis"
+FEWSHOT_EXPERIMENT = "fewshot"
 
 RUN_KEY_TAG = "cocolm.run_key"  # the Ray run name: the same command re-run finds its MLflow run by it
 KIND_TAG = "kind"  # one of the KIND_* values below
@@ -17,6 +18,7 @@ KIND_PRETRAINING = "pretraining"
 KIND_SWEEP = "finetuning-sweep"  # a sweep's parent run
 KIND_TRIAL = "finetuning-trial"  # one attempt of one trial, a child of its sweep
 KIND_ANALYSIS = "analysis"  # a report's figures and tables
+KIND_FEWSHOT = "fewshot-study"  # a few-shot study's parent run (jobs.finetuning.fewshot); its trials are KIND_TRIAL
 PRETRAINING_TAG = "cocolm.pretraining_run"  # on a sweep parent: the pretraining run it fine-tunes
 CHECKPOINT_TAG = "cocolm.checkpoint"  # on a finished pretraining run: its final checkpoint
 STOP_TAG = "cocolm.stopped"  # set when the pretraining loop stops itself (non-finite loss), with the reason
@@ -37,6 +39,21 @@ def best_split_metric(split: str, metric: str) -> str:
 def best_task_metric(task: str, stat: str) -> str:
     """On a sweep parent: `stat` (median, min, max, ...) over seeds of the task's best grid point."""
     return f"best/{task}/{stat}"
+
+
+def fraction_target(target: str, fraction: float) -> str:
+    """A task (or target) trained on `fraction` of its training labels, as it is named in sweep tables and
+    metric keys: 'SNLI:0.1' (MLflow allows no '@' in a metric key). All the labels keep the plain name."""
+    return target if fraction >= 1 else f"{target}:{fraction:g}"
+
+
+def split_fraction(target: str) -> tuple[str, float]:
+    """`fraction_target`'s inverse: ('SNLI', 0.1) for 'SNLI:0.1', ('SNLI', 1.0) for 'SNLI'."""
+    name, _, fraction = target.rpartition(":")
+    try:
+        return (name, float(fraction)) if name else (target, 1.0)
+    except ValueError:
+        return target, 1.0
 
 
 def best_point_tag(task: str) -> str:

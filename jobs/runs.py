@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task, best_task_metric
+from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task, best_task_metric,
+                        split_fraction)
 
 
 def experiment_ids(client, experiment: str | None) -> list[str]:
@@ -87,6 +88,12 @@ def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")
     return df.groupby(["pretraining_run", "task"], sort=False).tail(1).reset_index(drop=True)
+
+
+def with_fractions(scores: pd.DataFrame) -> pd.DataFrame:
+    """`sweep_scores` with each task split into `base` (SNLI) and `fraction` of the labels (0.1; 1 for all)."""
+    parsed = [split_fraction(t) for t in scores["task"]]
+    return scores.assign(base=[b for b, _ in parsed], fraction=[f for _, f in parsed])
 
 
 def histories(client, run_ids: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from torch import nn
 
 from .config import EncoderConfig
 from .encoder import Encoder, init_weights
+from .heads import CLMHead, MLMHead
 
 EXPORT_PREFIX = "encoder."  # model.hf_modeling.COCOLMModel keeps our Encoder as `.encoder`
 
@@ -65,6 +66,37 @@ class SpanExtractor(nn.Module):
         if attention_mask is not None:
             logits = logits.masked_fill(~attention_mask.bool()[..., None], torch.finfo(logits.dtype).min)
         return logits
+
+
+LM_HEAD_FILES = ("lm_head.safetensors", "lm_head.json")  # an export's language-model head, when it has one
+
+
+def load_lm_head(directory: str | Path, encoder: Encoder) -> nn.Module | None:
+    """The language-model head exported with `encoder` (CLM or MLM head, tied to its token embeddings), or
+    None when the export has none (its variant trains no LM head: rtd_only, scl_rtd, electra)."""
+    directory = Path(directory)
+    if not (directory / LM_HEAD_FILES[0]).is_file():
+        return None
+    kind = json.loads((directory / LM_HEAD_FILES[1]).read_text())["kind"]
+    return lm_head(kind, encoder, load_file(str(directory / LM_HEAD_FILES[0])))
+
+
+def lm_head(kind: str, encoder: Encoder, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A `kind` ("clm" | "mlm") head on `encoder`'s token embeddings with the weights in `state`."""
+    tokens = encoder.embeddings.tokens
+    if kind not in LM_HEAD_KINDS.values():
+        raise ValueError(f"unknown language-model head kind {kind!r}; expected one of {sorted(LM_HEAD_KINDS.values())}")
+    head = CLMHead(tokens) if kind == "clm" else MLMHead(encoder.cfg.hidden_size, tokens, encoder.cfg.layer_norm_eps)
+    head.load_state_dict({**state, "embeddings.weight": tokens.weight}, strict=True)
+    return head
+
+
+def lm_head_parts(head: nn.Module) -> tuple[str, dict[str, torch.Tensor]]:
+    """A head's kind and its own weights, without the token embeddings it shares with the encoder."""
+    return LM_HEAD_KINDS[type(head)], {k: v for k, v in head.state_dict().items() if not k.startswith("embeddings.")}
+
+
+LM_HEAD_KINDS = {CLMHead: "clm", MLMHead: "mlm"}
 
 
 # The sizes an export must state; the other fields have their defaults in EncoderConfig.

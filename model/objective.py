@@ -115,6 +115,12 @@ class PretrainingObjective(nn.Module):
         if aux is not None and cfg.freeze_aux:
             aux.requires_grad_(False)
 
+    @property
+    def lm_head(self) -> nn.Module | None:
+        """The main encoder's language-model head, kept with it for prompt-based fine-tuning: the CLM head,
+        roberta_mlm's MLM head, or None for the variants that train none (rtd_only, scl_rtd, electra)."""
+        return self.mlm_head if self.cfg.replacement == "none" else self.clm_head
+
     def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> PretrainingOutput:
         if self.cfg.replacement == "none":
             return self._roberta_mlm(batch, generator)

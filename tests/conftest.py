@@ -134,12 +134,18 @@ def pretraining_run_with_encoder(tmp_path: Path, exported: Path) -> tuple[str, M
 
 
 def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores: dict[str, float],
-                   status: str = "FINISHED") -> str:
-    """A sweep parent run as jobs.finetuning leaves it: the best point's median per task (and a mean)."""
+                   status: str = "FINISHED", spread: float | None = None) -> str:
+    """A sweep parent run as jobs.finetuning leaves it: the best point's median per task (and a mean), and
+    with `spread` the seeds' min and max (median -/+ spread) over five seeds."""
     run_id = client.create_run(exp, run_name="sweep", tags={KIND_TAG: KIND_SWEEP,
                                                             PRETRAINING_TAG: pretraining_run}).info.run_id
     for task, score in scores.items():
         client.log_metric(run_id, best_task_metric(task, "median"), score)
         client.log_metric(run_id, best_task_metric(task, "mean"), score - 0.5)  # never read as the median
+        if spread is not None:
+            client.log_metric(run_id, best_task_metric(task, "min"), score - spread)
+            client.log_metric(run_id, best_task_metric(task, "max"), score + spread)
+    if spread is not None:
+        client.log_param(run_id, "seeds", "0,1,2,3,4")
     client.set_terminated(run_id, status)
     return run_id

@@ -8,14 +8,14 @@ from mlflow.tracking import MlflowClient
 from jobs.studies.ablate import finished_sweep, main
 
 
-def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_and_seeds(tmp_path):
+def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_seeds_and_label_fractions(tmp_path):
     from jobs.tracking import experiment_id
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = experiment_id(client, "ablation-tiny", uri)
     sweep = client.create_run(exp, tags={"kind": "finetuning-sweep", "cocolm.pretraining_run": "p1"}).info.run_id
-    for key, value in {"tasks": "snli", "grid": "quick", "seeds": "0,1,2,3,4"}.items():
+    for key, value in {"tasks": "snli", "grid": "quick", "seeds": "0,1,2,3,4", "label_fractions": "1"}.items():
         client.log_param(sweep, key, value)
     assert finished_sweep(client, "ablation-tiny", "p1", "snli", "quick", (0, 1, 2, 3, 4)) == ""  # still running
     client.set_terminated(sweep)
@@ -24,6 +24,7 @@ def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_and_seeds(tm
     assert finished_sweep(client, "ablation-tiny", "p1", "rte", "quick", (0, 1, 2, 3, 4)) == ""
     assert finished_sweep(client, "ablation-tiny", "p1", "snli", "paper", (0, 1, 2, 3, 4)) == ""
     assert finished_sweep(client, "ablation-tiny", "p1", "snli", "quick", (0,)) == ""
+    assert finished_sweep(client, "ablation-tiny", "p1", "snli", "quick", (0, 1, 2, 3, 4), (0.1, 1.0)) == ""
     assert finished_sweep(client, "no-such-experiment", "p1", "snli", "quick", (0, 1, 2, 3, 4)) == ""
 
 
@@ -52,6 +53,9 @@ def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, to
     for r in pretraining:  # jobs.studies.represent ran on each (paper Fig. 1), so the report can draw it
         assert {"represent/random_cosine_mean", "represent/cosine_gap"} <= set(r.data.metrics)
         assert "represent/fig1_cls_cosine.png" in {a.path for a in client.list_artifacts(r.info.run_id, "represent")}
+        exported = {a.path for a in client.list_artifacts(r.info.run_id, "encoder")}
+        # The CLM head travels with cocolm's encoder for prompt-based fine-tuning; rtd_only trains none.
+        assert ("encoder/lm_head.safetensors" in exported) == (r.data.tags["variant"] == "cocolm")
     sweeps = client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")
     by_variant = {r.data.tags["variant"]: r for r in sweeps}
     assert set(by_variant) == {"cocolm", "rtd_only"}

@@ -27,3 +27,11 @@ def test_every_tag_is_defined_once_and_spelled_nowhere_else():
             continue
         literals = {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)}
         assert not tags & literals, f"{path.name} spells {tags & literals} instead of importing jobs.names"
+
+
+def test_a_label_fraction_target_round_trips_and_all_the_labels_keep_the_plain_name():
+    assert names.fraction_target("SNLI", 1.0) == "SNLI" and names.split_fraction("SNLI") == ("SNLI", 1.0)
+    assert names.fraction_target("MNLI-m", 0.01) == "MNLI-m:0.01"
+    assert names.split_fraction("MNLI-m:0.01") == ("MNLI-m", 0.01)
+    assert names.split_fraction(names.fraction_target("SQuAD 2.0", 0.2)) == ("SQuAD 2.0", 0.2)
+    assert names.split_fraction("odd:name") == ("odd:name", 1.0)  # a user task named with a colon is not a fraction

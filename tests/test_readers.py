@@ -207,3 +207,20 @@ def test_user_folder_with_train_dev_test(tmp_path):
     (task,) = load_tasks(str(folder))
     assert task.spec.name == "mytask" and task.spec.labels == ("0", "1", "2") and task.spec.kind == "classification"
     assert (len(task.train), len(task.dev["dev"]), len(task.test)) == (120, 30, 30)
+
+
+def test_label_fraction_subsets_are_nested_seeded_and_class_balanced(tmp_path):
+    from jobs.finetuning.readers import label_subset
+
+    rows = [{"text": f"row {i}", "label": "a" if i % 4 else "b"} for i in range(400)]  # 300 a, 100 b
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))
+    task = read_user_task(tmp_path)
+    subsets = {f: label_subset(task, f) for f in (0.01, 0.1, 0.5, 1.0)}
+    assert subsets[1.0] is task
+    counts = {f: {label: t.train.labels.count(label) for label in (0, 1)} for f, t in subsets.items()}
+    assert counts[0.1] == {0: 30, 1: 10} and counts[0.01] == {0: 3, 1: 1}  # each class keeps its share
+    texts = {f: set(t.train.text) for f, t in subsets.items()}
+    assert texts[0.01] < texts[0.1] < texts[0.5] < texts[1.0]  # nested
+    assert label_subset(task, 0.1).train.text == subsets[0.1].train.text  # seeded: the same every time
+    assert subsets[0.1].dev == task.dev and "0.1 of the training labels: 40 of 400 (class-balanced" in subsets[0.1].notes[-1]

@@ -164,3 +164,37 @@ def test_squad_gets_em_and_f1_columns_and_stays_out_of_the_average(tmp_path):
     assert row["SQuAD 2.0 EM"] == pytest.approx(0.65) and row["SQuAD 2.0 F1"] == pytest.approx(0.70)
     assert row["AVG"] == pytest.approx(0.70)  # RTE and SNLI only
     assert "| 65.00 | 70.00 |" in (tmp_path / "out" / "finetuning_table.md").read_text()
+
+
+def test_label_fractions_get_their_table_figure_and_claim_and_stay_out_of_table_1(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = experiment_id(client, "fractions", uri)
+    runs = {v: fake_pretraining_run(client, exp, v, {"copy_accuracy_original": [0.9]}) for v in ("cocolm", "clm_only")}
+    # SCL gain: +0.06 at 1% of the labels, +0.01 with all of them: a change of 0.05, beyond the 0.01 noise
+    fake_sweep_run(client, exp, runs["cocolm"], {"SNLI:0.01": 0.50, "SNLI:0.1": 0.60, "SNLI": 0.70}, spread=0.01)
+    fake_sweep_run(client, exp, runs["clm_only"], {"SNLI:0.01": 0.44, "SNLI:0.1": 0.57, "SNLI": 0.69}, spread=0.01)
+    report = build(client, "fractions", tmp_path / "out")
+    assert [c for c in report.finetuning.columns if "SNLI" in c] == ["SNLI"]  # Table 1: all the labels only
+    table = pd.read_csv(tmp_path / "out" / "label_fractions.csv")
+    cocolm = table[table["variant"] == "cocolm"]
+    assert list(cocolm["fraction"]) == [0.01, 0.1, 1.0] and list(cocolm["score"]) == pytest.approx([0.50, 0.60, 0.70])
+    assert list(cocolm["min"]) == pytest.approx([0.49, 0.59, 0.69])
+    assert (tmp_path / "out" / "fig7cd_label_fractions.png").stat().st_size > 10_000
+    claim = next(c for c in report.claims if c.source == "Fig. 7c/d")
+    assert claim.verdict == "holds" and "SNLI: +6.00 at 0.01 of the labels, +1.00 at 1" in claim.numbers
+    assert "5 seeds" in claim.basis
+    table1 = next(c for c in report.claims if "at least clm_only" in c.statement)
+    assert "SNLI 70.00 vs 69.00" in table1.numbers and "SNLI:" not in table1.numbers  # Table 3 reads all the labels
+
+
+def test_the_scl_gain_claim_is_within_noise_or_not_measured_when_it_should_be():
+    from analysis.claims import scl_gain_claim
+
+    runs = pd.DataFrame({"variant": ["cocolm", "clm_only"], "run_id": ["1", "2"]})
+    rows = [("1", "SNLI:0.01", 0.50), ("1", "SNLI", 0.70), ("2", "SNLI:0.01", 0.48), ("2", "SNLI", 0.69)]
+    scores = pd.DataFrame([{"pretraining_run": r, "task": t, "score": s, "min": s - 0.05, "max": s + 0.05, "seeds": 5}
+                           for r, t, s in rows])
+    assert scl_gain_claim(scores, runs).verdict == "within noise"  # change 0.01 against noise 0.05
+    assert scl_gain_claim(scores[scores["task"] == "SNLI"], runs).verdict.startswith("not measured")
+    assert scl_gain_claim(scores, runs[runs["variant"] == "cocolm"]).verdict.startswith("not measured: no clm_only")

@@ -4,6 +4,7 @@ end to end (2 learning rates x 5 seeds on a user task file) with its MLflow pare
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,40 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
     assert {"lr", "batch_size", "epochs", "warmup", "seed", "task", "pretraining_run"} <= set(done.data.params)
     assert len(client.get_metric_history(done.info.run_id, "dev.accuracy")) == 2  # every half epoch
     assert "best.dev.accuracy" in done.data.metrics
+
+
+@pytest.mark.timeout(420)
+def test_label_fractions_are_targets_of_their_own_with_nested_subsets(ray_local, tmp_path, exported, monkeypatch):
+    """--label-fractions 0.2,1.0: every grid point and seed runs on 20% of the training labels and on all of
+    them, and each fraction gets its own best point, parent metrics and task table row."""
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
+    grid = tmp_path / "one_lr.yaml"
+    grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
+                    "tasks: {default: t}\n")
+    result = run(SweepOptions(
+        source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")), grid=str(grid),
+        seeds=(0, 1, 2, 3, 4), label_fractions=(0.2, 1.0), tracking_uri=tracking_uri, storage=str(tmp_path / "ray")))
+    table = result.tables.table.set_index("task")
+    assert list(table.index) == ["sentiment", "sentiment:0.2"] and table["complete"].all()
+    parent = client.get_run(result.run_id)
+    assert parent.data.params["label_fractions"] == "0.2,1"
+    assert {"best/sentiment:0.2/median", "best/sentiment/median"} <= set(parent.data.metrics)
+    notes = client.download_artifacts(result.run_id, "data_notes.txt", str(tmp_path))
+    text = Path(notes).read_text()
+    assert "sentiment:0.2 (classification, score: accuracy): train 18, dev 10" in text  # 20% of 90 rows
+    assert "0.2 of the training labels: 18 of 90 (class-balanced" in text
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'", max_results=100)
+    names = sorted(c.data.tags["cocolm.trial"] for c in children)
+    assert len(names) == 10 and names[0] == "sentiment-labels0.2-lr0.001-bs16-ep1-wu0.1-seed0"
+    assert {c.data.params["label_fraction"] for c in children} == {"0.2", "1.0"}
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "0.1,0.1", "x", ""])
+def test_bad_label_fractions_are_usage_errors(bad, capsys):
+    from jobs.finetuning import sweep
+
+    with pytest.raises(SystemExit):
+        sweep.main(["--from", "last", "--label-fractions", bad])
+    assert "--label-fractions" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from model.classifier import load_encoder
+from model.classifier import lm_head_parts, load_encoder, load_lm_head
 
 from jobs.finetuning.trial import PretrainedEncoder
 from jobs.names import PRETRAINING_EXPERIMENT
@@ -54,14 +54,27 @@ def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) 
     if not (encoder_dir / "model.safetensors").is_file():
         raise FileNotFoundError(f"run {source} has no exported 'encoder' artifact: did its pretraining finish?")
     preset = run.data.params.get("preset") or run.data.tags.get("preset", "")
-    return _exported(encoder_dir, source, pretraining_run=source, preset=preset)
+    return _exported(encoder_dir, source, pretraining_run=source, preset=preset,
+                     variant=run.data.tags.get("variant", ""))
 
 
-def _exported(directory: Path, source: str, pretraining_run: str = "", preset: str = "") -> PretrainedEncoder:
+def _exported(directory: Path, source: str, pretraining_run: str = "", preset: str = "",
+              variant: str = "") -> PretrainedEncoder:
     encoder = load_encoder(directory)
     if not (directory / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
-    return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset)
+    head = load_lm_head(directory, encoder)
+    return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset, variant,
+                             **_lm_head_fields(head))
+
+
+def _lm_head_fields(head) -> dict:
+    """A language-model head as PretrainedEncoder keeps it: its kind and its weights without the token
+    embeddings it shares with the encoder; nothing for no head."""
+    if head is None:
+        return {}
+    kind, state = lm_head_parts(head)
+    return {"lm_head_kind": kind, "lm_head_state": state}
 
 
 def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
@@ -71,4 +84,4 @@ def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
     if not (directory / "tokenizer" / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
     return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),
-                             preset=cfg.preset)
+                             preset=cfg.preset, variant=cfg.variant, **_lm_head_fields(model.lm_head))

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from jobs.names import fraction_target
+
 GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
 
 
@@ -99,6 +101,13 @@ def _check_keys(values: dict, known: set[str], where: str) -> None:
         raise ValueError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
 
 
+def data_key(point: dict[str, Any]) -> str:
+    """Which encoded data a grid point trains on: its task, on a fraction of the labels when it has one."""
+    return fraction_target(point["task"], point.get("label_fraction", 1.0))
+
+
 def trial_name(config: dict[str, Any]) -> str:
     p = config["point"]
-    return f"{p['task']}-lr{p['lr']:g}-bs{p['batch_size']}-ep{p['epochs']}-wu{p['warmup']:g}-seed{config['seed']}"
+    labels = f"-labels{p['label_fraction']:g}" if p.get("label_fraction", 1.0) < 1 else ""
+    return (f"{p['task']}{labels}-lr{p['lr']:g}-bs{p['batch_size']}-ep{p['epochs']}-wu{p['warmup']:g}"
+            f"-seed{config['seed']}")

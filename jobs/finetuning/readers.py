@@ -442,3 +442,21 @@ def subsample(task: Task, max_train: int = 0, max_dev: int = 0) -> Task:
         if len(split) < len(task.dev[name]):
             notes.append(f"{task.spec.display}: {name} cut to {len(split)} of {len(task.dev[name])} rows (seed {SPLIT_SEED})")
     return replace(task, train=train, dev=dev, notes=tuple(notes))
+
+
+def label_subset(task: Task, fraction: float) -> Task:
+    """Train on `fraction` of the training labels (paper Fig. 7c/d): the first `fraction` of each class's
+    examples in one SPLIT_SEED order, at least one per class. So the subsets are the same for every trial,
+    keep the classes' shares, and are nested: a smaller fraction's examples are all in a larger one's.
+    Regression and span tasks (no classes) take the first `fraction` of one seeded order. Dev is whole."""
+    if fraction >= 1:
+        return task
+    order = list(range(len(task.train)))
+    random.Random(SPLIT_SEED).shuffle(order)
+    groups: dict = {}
+    for i in order:
+        groups.setdefault(task.train.labels[i] if task.spec.kind == "classification" else None, []).append(i)
+    keep = sorted(i for members in groups.values() for i in members[: max(1, round(fraction * len(members)))])
+    note = (f"{task.spec.display}: {fraction:g} of the training labels: {len(keep)} of {len(task.train)} "
+            f"{'(class-balanced, nested, seed ' if len(groups) > 1 else '(nested, seed '}{SPLIT_SEED})")
+    return replace(task, train=task.train.take(keep), notes=(*task.notes, note))

@@ -4,7 +4,7 @@
         [--grid paper|quick|GRID.yaml] [--seeds 5] [--tracking-uri URI] [--data-dir DIR]
         [--max-train N] [--max-dev N] [--max-length N] [--kind classification|regression]
         [--lr-set base|large++] [--cpus-per-trial C] [--gpus-per-trial G] [--max-failures N]
-        [--experiment NAME] [--storage DIR] [--name NAME]
+        [--label-fractions 0.01,0.1,0.2,1.0] [--experiment NAME] [--storage DIR] [--name NAME]
 
 `--from` is a pretraining MLflow run id (its exported "encoder" artifact), an exported encoder
 directory, or a pretraining checkpoint directory. Every (grid point, seed) is one Tune trial
@@ -28,6 +28,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,13 +45,13 @@ from jobs.cli import option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.encoding import EncodedTask, encode_task
-from jobs.finetuning.grid import Grid, available_grids, load_grid, trial_name
-from jobs.finetuning.readers import subsample
+from jobs.finetuning.grid import Grid, available_grids, data_key, load_grid, trial_name
+from jobs.finetuning.readers import Task, label_subset, subsample
 from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.tables import SweepTables, log_tables, tabulate
 from jobs.finetuning.trial import PretrainedEncoder, TrialConfig, fine_tune
 from jobs.names import (ATTEMPT_TAG, CHECKPOINT_TAG, ERROR_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, KIND_TRIAL,
-                        PRETRAINING_TAG, STUDY_TAGS, TRIAL_TAG)
+                        PRETRAINING_TAG, STUDY_TAGS, TRIAL_TAG, fraction_target, split_fraction)
 from jobs.ray_session import init_ray
 
 # ----------------------------------------------------------------------------- options and result
@@ -62,6 +63,17 @@ def check_seeds(seeds: tuple[int, ...]) -> None:
         raise ValueError("no seeds: give a count (--seeds 5) or a comma list (--seeds 0,1,2)")
     if any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """'0.01,0.1,1.0' -> those fractions of the training labels, each in (0, 1], distinct. An argparse type."""
+    try:
+        fractions = tuple(float(f) for f in text.split(",") if f.strip())
+    except ValueError:
+        fractions = ()
+    if not fractions or any(not 0 < f <= 1 for f in fractions) or len(set(fractions)) != len(fractions):
+        raise argparse.ArgumentTypeError(f"expected distinct fractions in (0, 1] such as 0.01,0.1,1.0, got {text!r}")
+    return fractions
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -95,6 +107,10 @@ class SweepOptions:
         "train examples per task, fixed-seed subset (0 = all; default: the grid's)"))
     max_dev: int | None = field(default=None, metadata=option("dev examples per dev set (0 = all; default: the grid's)"))
     max_length: int | None = field(default=None, metadata=option("tokens per example (default: the grid's)"))
+    label_fractions: tuple[float, ...] = field(default=(1.0,), metadata=option(
+        "train on these fractions of the training labels, each a seeded class-balanced nested subset, every "
+        "fraction its own target (SNLI:0.1) with its own best grid point (paper Fig. 7c/d), e.g. 0.01,0.1,0.2,1.0",
+        parse=parse_fractions))
     kind: str | None = field(default=None, metadata=option(
         "a user task's kind (default: inferred from the labels)", choices=("classification", "regression")))
     lr_set: str | None = field(default=None, metadata=option(
@@ -130,7 +146,7 @@ def tune_trial(config: dict[str, Any], tasks: dict[str, ray.ObjectRef], encoder:
     point = config["point"]
     trial = TrialConfig(task=point["task"], lr=point["lr"], batch_size=point["batch_size"], epochs=point["epochs"],
                         warmup=point["warmup"], seed=config["seed"])
-    result = fine_tune(trial, ray.get(tasks[point["task"]]), encoder, on_eval=tune.report)
+    result = fine_tune(trial, ray.get(tasks[data_key(point)]), encoder, on_eval=tune.report)
     tune.report({**result.history[-1], **result.flat(), "done": 1, "trial_seconds": result.seconds})
 
 
@@ -146,25 +162,25 @@ class MlflowTrials(tune.Callback):
     """Keeps one MLflow child run per trial attempt, under the sweep's parent run, and prints a line
     per finished trial."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, task_params: dict[str, dict],
-                 total: int) -> None:
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
+                 params_of: Callable[[dict[str, Any]], dict[str, Any]], total: int,
+                 name_of: Callable[[dict[str, Any]], str] = trial_name) -> None:
+        """`params_of(config)` gives a trial's MLflow params, `name_of(config)` its name."""
         self.client = MlflowClient(tracking_uri)
-        self.experiment_id, self.parent_run_id, self.task_params, self.total = (experiment_id, parent_run_id,
-                                                                                task_params, total)
+        self.experiment_id, self.parent_run_id, self.total = experiment_id, parent_run_id, total
+        self.params_of, self.name_of = params_of, name_of
         self.runs: dict[str, str] = {}  # trial id -> child run of its current attempt
         self.attempts: dict[str, int] = {}
         self.finished = 0
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        name = trial_name(trial.config)
+        name = self.name_of(trial.config)
         self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
         run = self.client.create_run(self.experiment_id, run_name=name, tags={
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: name, KIND_TAG: KIND_TRIAL,
             ATTEMPT_TAG: str(self.attempts[trial.trial_id])})
         self.runs[trial.trial_id] = run.info.run_id
-        point = trial.config["point"]
-        tracking.log_params(self.client, run.info.run_id, {**self.task_params[point["task"]], **point,
-                                                           "seed": trial.config["seed"]})
+        tracking.log_params(self.client, run.info.run_id, self.params_of(trial.config))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self.runs.get(trial.trial_id)
@@ -180,20 +196,19 @@ class MlflowTrials(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.finished += 1
         result = trial.last_result or {}
-        task = trial.config["point"]["task"]
         scores = ", ".join(f"{k.split('.')[1]} {v:.4f}" for k, v in result.items()
                            if k.startswith("best.") and k.endswith(".score"))
-        print(f"[{self.finished}/{self.total}] {trial_name(trial.config)}: {task} {scores} "
+        print(f"[{self.finished}/{self.total}] {self.name_of(trial.config)}: {scores} "
               f"({result.get('trial_seconds', 0):.0f}s)", flush=True)
         self._end(trial, ok=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        print(f"trial {trial_name(trial.config)} failed; retrying: {_first_line(trial)}", flush=True)
+        print(f"trial {self.name_of(trial.config)} failed; retrying: {_first_line(trial)}", flush=True)
         self._end(trial, ok=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.finished += 1
-        print(f"[{self.finished}/{self.total}] {trial_name(trial.config)} FAILED after "
+        print(f"[{self.finished}/{self.total}] {self.name_of(trial.config)} FAILED after "
               f"{self.attempts.get(trial.trial_id, 1)} attempt(s): {_first_line(trial)}", flush=True)
         self._end(trial, ok=False)
 
@@ -237,7 +252,8 @@ def run(opts: SweepOptions) -> SweepResult:
     with tempfile.TemporaryDirectory(prefix="cocolm-sweep-") as workdir:  # the downloaded encoder: read, then gone
         plan = _plan(opts, grid, client, tracking_uri, Path(workdir))
     print(plan.notes, flush=True)
-    parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{'-'.join(plan.encoded)}"[:200],
+    tasks = "-".join(dict.fromkeys(p["task"] for p in plan.points))
+    parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{tasks}"[:200],
                                tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: plan.pretraining_run,
                                      "git_commit": tracking.git_commit(),
                                      **_from_pretraining_run(client, plan.pretraining_run, opts.source)})
@@ -259,7 +275,7 @@ def run(opts: SweepOptions) -> SweepResult:
 class _Plan:
     encoder: PretrainedEncoder
     pretraining_run: str
-    encoded: dict[str, EncodedTask]  # task name -> its encoded splits
+    encoded: dict[str, EncodedTask]  # data key (task name, or snli:0.1 on a fraction of the labels) -> its splits
     points: list[dict[str, Any]]
     params: dict[str, Any]  # the parent run's params
     notes: str  # data sizes, holdouts, subsets, truncation, skipped rows
@@ -275,33 +291,36 @@ def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: st
     too_long = {task: n for task, n in max_length.items() if n > encoder.cfg.max_positions}
     if too_long:
         raise ValueError(f"max length {too_long} exceeds the encoder's {encoder.cfg.max_positions} positions")
-    encoded = {name: encode_task(t, encoder.tokenizer_dir, max_length[name], grid.space(name).doc_stride,
-                                 grid.space(name).max_question_length)
-               for t in tasks for name in [t.spec.name]}
     lr_set = grid.lr_set(opts.lr_set, encoder.preset)
-    points = [p for t in tasks for p in grid.points(t.spec.name, lr_set)]
+    points = [{**p, "label_fraction": f} for t in tasks for f in opts.label_fractions
+              for p in grid.points(t.spec.name, lr_set)]
+    trained = {fraction_target(t.spec.name, f): label_subset(t, f) for t in tasks for f in opts.label_fractions}
+    encoded = {key: encode_task(t, encoder.tokenizer_dir, max_length[t.spec.name], grid.space(t.spec.name).doc_stride,
+                                grid.space(t.spec.name).max_question_length)
+               for key, t in trained.items()}
     params = {"pretraining_run": pretraining_run, "from": opts.source, "tasks": opts.tasks, "grid": grid.name,
               "seeds": ",".join(map(str, opts.seeds)), "max_length": ",".join(map(str, max_length.values())),
-              "lr_set": lr_set,
+              "lr_set": lr_set, "label_fractions": ",".join(f"{f:g}" for f in opts.label_fractions),
               "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
               "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
-    return _Plan(encoder, pretraining_run, encoded, points, params, _describe(tasks, encoded))
+    return _Plan(encoder, pretraining_run, encoded, points, params, _describe(trained, encoded))
 
 
 def _pick(override: int | None, default: int) -> int:
     return default if override is None else override
 
 
-def _describe(tasks, encoded) -> str:
+def _describe(tasks: dict[str, Task], encoded: dict[str, EncodedTask]) -> str:
     lines = []
-    for task in tasks:
-        e = encoded[task.spec.name]
+    for key, task in tasks.items():
+        e = encoded[key]
         sizes = ", ".join(f"{k} {_size(v)}" for k, v in [("train", e.train), *e.dev.items(), ("test", e.test)]
                           if v is not None)
         cut = ", ".join(f"{k} {v}" for k, v in e.truncated.items() if v)
         what = "questions cut to their first tokens" if task.spec.kind == "span" else \
             f"examples truncated to {e.max_length} tokens"
-        lines.append(f"{task.spec.display} ({task.spec.kind}, score: {task.spec.score}): {sizes}"
+        lines.append(f"{fraction_target(task.spec.display, split_fraction(key)[1])} ({task.spec.kind}, "
+                     f"score: {task.spec.score}): {sizes}"
                      + (f"; {what}: {cut}" if cut else ""))
         lines += list(task.notes)
         if task.skipped:
@@ -356,9 +375,12 @@ def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str
     refs = {name: ray.put(task) for name, task in plan.encoded.items()}
     trainable = tune.with_resources(tune.with_parameters(tune_trial, tasks=refs, encoder=plan.encoder,
                                                          settings=settings), resources)
-    child_params = {name: {"pretraining_run": plan.pretraining_run, "max_length": task.max_length}
-                    for name, task in plan.encoded.items()}
-    callback = MlflowTrials(tracking_uri, experiment_id, parent_run_id, child_params, len(plan.points) * len(opts.seeds))
+    def params_of(config: dict[str, Any]) -> dict[str, Any]:
+        point = config["point"]
+        return {"pretraining_run": plan.pretraining_run, "max_length": plan.encoded[data_key(point)].max_length,
+                **point, "seed": config["seed"]}
+
+    callback = MlflowTrials(tracking_uri, experiment_id, parent_run_id, params_of, len(plan.points) * len(opts.seeds))
     tuner = tune.Tuner(
         trainable,
         param_space={"point": tune.grid_search(plan.points), "seed": tune.grid_search(list(opts.seeds))},

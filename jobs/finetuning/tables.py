@@ -15,9 +15,9 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Result
 
 from jobs.finetuning.encoding import EncodedTask
-from jobs.finetuning.grid import trial_name
+from jobs.finetuning.grid import data_key, trial_name
 from jobs.finetuning.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
-from jobs.names import best_point_tag, best_split_metric, best_task_metric
+from jobs.names import best_point_tag, best_split_metric, best_task_metric, fraction_target
 
 
 @dataclass(frozen=True)
@@ -30,22 +30,25 @@ class SweepTables:
 
 
 def trial_records(results: Sequence[Result], encoded: dict[str, EncodedTask]) -> list[dict[str, Any]]:
-    """One row per (target, trial): MNLI's trials give an MNLI-m and an MNLI-mm row. A failed trial's
-    rows have no score, so `summarize` counts their seeds as missing."""
+    """One row per (target, trial): MNLI's trials give an MNLI-m and an MNLI-mm row, and a trial on a fraction
+    of the labels is its own target (SNLI:0.1, `jobs.names.fraction_target`), chosen and tabled apart. A
+    failed trial's rows have no score, so `summarize` counts their seeds as missing."""
     rows = []
     for result in results:
         config, metrics = result.config, result.metrics or {}
         ok = result.error is None and bool(metrics.get("done"))
-        point = config["point"]
-        spec = encoded[point["task"]].spec
+        point, fraction = config["point"], config["point"].get("label_fraction", 1.0)
+        task = encoded[data_key(point)]
+        spec = task.spec
         for i, split in enumerate(spec.dev_splits):
-            row = {"task": spec.target(split), **{k: point[k] for k in GRID_COLUMNS}, "seed": config["seed"],
+            row = {"task": fraction_target(spec.target(split), fraction), **{k: point[k] for k in GRID_COLUMNS},
+                   "seed": config["seed"],
                    "trial": trial_name(config), "metric": spec.score, "status": "ok" if ok else "failed",
                    "score": metrics.get(best_split_metric(split, "score"), math.nan) if ok else math.nan}
             for name in spec.metrics:
                 if name != spec.score:
                     row[name] = metrics.get(best_split_metric(split, name), math.nan) if ok else math.nan
-            if i == 0 and encoded[point["task"]].test is not None:  # test: the weights of the first dev set's best
+            if i == 0 and task.test is not None:  # test: the weights of the first dev set's best
                 for name in spec.metrics:
                     row[f"test_{name}"] = metrics.get(f"test.{name}", math.nan) if ok else math.nan
             rows.append(row)

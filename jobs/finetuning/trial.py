@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from model import Encoder, EncoderConfig
-from model.classifier import SequenceClassifier, SpanExtractor
+from model.classifier import SequenceClassifier, SpanExtractor, lm_head
 from model.step import param_groups, warmup_linear_decay
 
 from jobs.finetuning.encoding import EncodedSplit, EncodedTask
@@ -66,11 +66,21 @@ class PretrainedEncoder:
     source: str  # what the user passed: a run id or a directory
     pretraining_run: str = ""  # MLflow run id when known
     preset: str = ""  # the pretraining preset when known (large++ selects the large++ learning rates)
+    variant: str = ""  # the pretraining variant when known
+    lm_head_kind: str = ""  # "clm" | "mlm" when the export kept its language-model head, else ""
+    lm_head_state: dict[str, torch.Tensor] | None = None
 
     def build(self) -> Encoder:
         encoder = Encoder(self.cfg)
         encoder.load_state_dict(self.state, strict=True)
         return encoder
+
+    def build_with_lm_head(self) -> tuple[Encoder, torch.nn.Module]:
+        """The encoder and its language-model head, tied to its token embeddings (prompt-based fine-tuning)."""
+        if self.lm_head_state is None:
+            raise ValueError(f"{self.source}: no language-model head (variant {self.variant or 'unknown'} trains none)")
+        encoder = self.build()
+        return encoder, lm_head(self.lm_head_kind, encoder, self.lm_head_state)
 
 
 @dataclass

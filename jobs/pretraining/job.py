@@ -156,7 +156,7 @@ def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stre
         client.log_metric(run_id, key, value)
     with ray.train.Checkpoint(checkpoint_path).as_directory() as directory, tempfile.TemporaryDirectory() as tmp:
         model, _ = checkpoint.load_pretrained(Path(directory))
-        export_encoder(model.main, Path(tmp) / "encoder", tokenizer_dir=stream.tokenizer_dir)
+        export_encoder(model.main, Path(tmp) / "encoder", tokenizer_dir=stream.tokenizer_dir, lm_head=model.lm_head)
         client.log_artifacts(run_id, str(Path(tmp) / "encoder"), "encoder")
     client.log_artifacts(run_id, str(stream.tokenizer_dir), "tokenizer")
     client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_path)

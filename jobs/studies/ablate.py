@@ -2,6 +2,7 @@
 
     python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
         [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
+        [--label-fractions 0.01,0.1,0.2,1.0]
         [--represent-pairs 500] [--tracking-uri URI] [--storage URI] [--experiment NAME]
 
 Variants are pretrained one after the other (`jobs.pretraining.job.run`): each pretraining run already takes
@@ -67,6 +68,7 @@ class AblationOptions:
     data_dir: str | None = _like_sweep("data_dir")
     grid: str = _like_sweep("grid")
     seeds: tuple[int, ...] = _like_sweep("seeds")
+    label_fractions: tuple[float, ...] = _like_sweep("label_fractions")
     max_train: int | None = _like_sweep("max_train")
     max_dev: int | None = _like_sweep("max_dev")
     represent_pairs: int = field(default=500, metadata=option(
@@ -121,8 +123,10 @@ def run(opts: AblationOptions) -> AblationResult:
     return AblationResult(opts.experiment_name, tracking_uri, results)
 
 
-def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, grid: str, seeds: tuple[int, ...]) -> str:
-    """The id of a finished sweep parent of `pretraining_run` with these tasks, grid and seeds, or ""."""
+def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, grid: str, seeds: tuple[int, ...],
+                   label_fractions: tuple[float, ...] = (1.0,)) -> str:
+    """The id of a finished sweep parent of `pretraining_run` with these tasks, grid, seeds and label
+    fractions, or ""."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return ""
@@ -130,7 +134,8 @@ def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, gr
         [found.experiment_id], max_results=1000,
         filter_string=(f"tags.`{PRETRAINING_TAG}` = '{pretraining_run}' and tags.{KIND_TAG} = '{KIND_SWEEP}' "
                        f"and attributes.status = 'FINISHED' and params.tasks = '{tasks}' and params.grid = '{grid}' "
-                       f"and params.seeds = '{','.join(map(str, seeds))}'"))
+                       f"and params.seeds = '{','.join(map(str, seeds))}' "
+                       f"and params.label_fractions = '{','.join(f'{f:g}' for f in label_fractions)}'"))
     return runs[0].info.run_id if runs else ""
 
 
@@ -147,13 +152,14 @@ def _represent(client, pretraining_run: str, pairs) -> str:
 
 def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: str, variant: str) -> tuple[str, str]:
     grid = load_grid(opts.grid).name  # the sweep logs the grid by name (a file's stem)
-    existing = finished_sweep(client, opts.experiment_name, pretraining_run, opts.tasks, grid, opts.seeds)
+    existing = finished_sweep(client, opts.experiment_name, pretraining_run, opts.tasks, grid, opts.seeds,
+                              opts.label_fractions)
     if existing:
         print(f"sweep of {variant} on {opts.tasks} (grid {grid}) already finished: MLflow run {existing}", flush=True)
         return existing, "ALREADY_FINISHED"
     result = run_sweep(SweepOptions(
         source=pretraining_run, tasks=opts.tasks, data_dir=opts.data_dir, grid=opts.grid, seeds=opts.seeds,
-        tracking_uri=tracking_uri,
+        label_fractions=opts.label_fractions, tracking_uri=tracking_uri,
         max_train=opts.max_train, max_dev=opts.max_dev, experiment=opts.experiment_name,
         name=f"sweep-{variant}-{grid}-{opts.tasks}"[:200]))  # its parent takes preset/variant from the pretraining run
     return result.run_id, "FINISHED"

@@ -34,8 +34,13 @@ def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("cosine similarity of [CLS]")
         ax.legend(fontsize=7)
-    fig.suptitle("[CLS] cosine similarity: random corpus pairs vs similar (SNLI entailment) pairs")
+    return save(fig, "[CLS] cosine similarity: random corpus pairs vs similar (SNLI entailment) pairs", path)
+
+
+def save(fig, title: str, path: Path) -> Path:
+    """Title, layout, write and close a figure; its path."""
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return path

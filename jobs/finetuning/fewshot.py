@@ -1,0 +1,363 @@
+"""Few-shot fine-tuning (paper Table 4): prompt-based with the language-model head, and the standard [CLS] head,
+on the same k-shot splits, on Ray Tune, tracked in MLflow (docs/method.md section 7.8).
+
+    python -m jobs.finetuning.fewshot --from RUN|last|DIR --tasks snli [--shots 16] [--splits 5]
+        [--lrs 1e-5,2e-5,5e-5] [--steps 1000] [--batch-size 8] [--eval-every 100] [--max-length 256]
+        [--methods prompt,head] [--tracking-uri URI] [--experiment fewshot] [--storage DIR]
+
+Per task, `--splits` k-shot splits (LM-BFF's data seeds 13, 21, 42, 87, 100): `--shots` training and
+`--shots` dev examples per class from the training set; the test set is the task's test split, else its
+(first) dev split, whole. One trial per (method, learning rate, split): `--steps` optimizer steps of
+`--batch-size`, dev accuracy every `--eval-every` steps, the best evaluation's weights scored on test.
+Per method the learning rate with the best mean dev accuracy over the splits is reported: the mean and
+standard deviation over the splits of its test accuracy, as Table 4 does. A pretraining run without a
+language-model head (rtd_only, scl_rtd, electra) gets "not applicable" for prompts, with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import ray
+import torch
+import torch.nn.functional as F
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from ray import tune
+
+from model.classifier import SequenceClassifier
+from model.step import param_groups, warmup_linear_decay
+
+from jobs import tracking
+from jobs.cli import option, parse_options, run_main
+from jobs.data.tokens import load_tokenizer
+from jobs.env import set_hermetic_env
+from jobs.finetuning.encoders import resolve_encoder
+from jobs.finetuning.encoding import EncodedSplit, encode_task
+from jobs.finetuning.prompts import (SPLIT_SEEDS, PromptClassifier, PromptData, encode_prompts, few_shot_split,
+                                     prompt_for, prompt_input, sample_demos)
+from jobs.finetuning.sweep import MlflowTrials
+from jobs.finetuning.tasks import load_tasks
+from jobs.finetuning.trial import PretrainedEncoder, batches
+from jobs.names import FEWSHOT_EXPERIMENT, KIND_FEWSHOT, KIND_TAG, PRETRAINING_TAG
+from jobs.ray_session import init_ray
+
+METHODS = ("prompt", "head")
+EVAL_BATCH = 64
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(",") if v.strip())
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not methods or set(methods) - set(METHODS):
+        raise ValueError(f"--methods: expected a comma list of {METHODS}, got {text!r}")
+    return methods
+
+
+@dataclass(frozen=True)
+class FewShotOptions:
+    source: str = field(metadata=option("pretraining MLflow run id, `last`, exported encoder or checkpoint directory",
+                                        flag="--from"))
+    tasks: str = field(default="snli", metadata=option("snli | a GLUE task | comma list | a task file or folder "
+                                                       "with a prompt.json"))
+    shots: int = field(default=16, metadata=option("training and dev examples per class in each split"))
+    splits: int = field(default=5, metadata=option(f"k-shot splits, data seeds {SPLIT_SEEDS} (at most 5)"))
+    lrs: tuple[float, ...] = field(default=(1e-5, 2e-5, 5e-5), metadata=option(
+        "learning rates (LM-BFF's grid for base-size models)", parse=_floats))
+    steps: int = field(default=1000, metadata=option("optimizer steps per trial (LM-BFF: 1000)"))
+    batch_size: int = field(default=8, metadata=option("examples per step (LM-BFF: 8)"))
+    eval_every: int = field(default=100, metadata=option("steps between dev evaluations"))
+    max_length: int = field(default=256, metadata=option("tokens of the prompt with its demonstrations"))
+    methods: tuple[str, ...] = field(default=METHODS, metadata=option("prompt, head, or both", parse=_methods))
+    data_dir: str | None = field(default=None, metadata=option("folder with the GLUE task folders"))
+    tracking_uri: str | None = field(default=None, metadata=option("MLflow tracking URI (default: $COCOLM_HOME)"))
+    experiment: str = field(default=FEWSHOT_EXPERIMENT, metadata=option("MLflow experiment"))
+    storage: str | None = field(default=None, metadata=option("Tune storage (default: $COCOLM_HOME/ray_results)"))
+    cpus_per_trial: float = field(default=1.0, metadata=option("logical CPUs per trial"))
+    max_failures: int = field(default=1, metadata=option("Tune retries of a failed trial"))
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.splits <= len(SPLIT_SEEDS):
+            raise ValueError(f"--splits must be 1..{len(SPLIT_SEEDS)}, got {self.splits}")
+        if min(self.shots, self.steps, self.batch_size, self.eval_every) < 1 or not self.lrs:
+            raise ValueError("--shots, --steps, --batch-size and --eval-every must be positive, --lrs not empty")
+
+
+# ----------------------------------------------------------------------------- one split's data
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """One (task, data seed): the k-shot train and dev sets and the test set, in both methods' forms."""
+
+    task: str
+    seed: int
+    prompt: dict[str, PromptData] | None  # train, dev, test; None when prompts do not apply
+    head: dict[str, EncodedSplit]  # train, dev, test in the [CLS] format
+    pad_id: int
+    num_classes: int
+
+
+def split_data(task, seed: int, shots: int, tokenizer_dir, max_length: int, prompt) -> SplitData:
+    train, dev = few_shot_split(task, shots, seed)
+    test = task.test if task.test is not None else task.dev[task.spec.dev_splits[0]]
+    splits = {"train": task.train.take(train), "dev": task.train.take(dev), "test": test}
+    encoded = encode_task(replace(task, train=splits["train"], dev={"dev": splits["dev"]}, test=test),
+                          tokenizer_dir, max_length)
+    head = {"train": encoded.train, "dev": encoded.dev["dev"], "test": encoded.test}
+    prompts = None
+    if prompt is not None:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        prompts = {name: encode_prompts(tokenizer, prompt, task, split)[0] for name, split in splits.items()}
+    return SplitData(task.spec.name, seed, prompts, head, encoded.pad_id, len(task.spec.labels))
+
+
+# ----------------------------------------------------------------------------- one trial (plain PyTorch)
+
+
+@dataclass(frozen=True)
+class FewShotConfig:
+    method: str
+    lr: float
+    steps: int = 1000
+    batch_size: int = 8
+    eval_every: int = 100
+    max_length: int = 256
+    weight_decay: float = 0.01
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-6
+
+
+def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
+             on_eval: Callable[[dict[str, float]], None] | None = None, device: str | None = None) -> dict[str, float]:
+    """Train `cfg.steps` steps (linear decay, no warm-up, as LM-BFF), evaluate dev every `eval_every` steps,
+    score test with the best dev evaluation's weights. Seeded by the data seed."""
+    started = time.perf_counter()
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(data.seed)
+    rng = random.Random(data.seed)
+    model, inputs = _method(cfg, data, encoder)
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.adam_betas,
+                                  eps=cfg.adam_eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(0, cfg.steps))
+    n_train = len(data.head["train"])
+    best, best_state, losses, order = {"dev_accuracy": -1.0}, None, [], []
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            order += rng.sample(range(n_train), n_train)  # epochs of shuffled examples
+        rows, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        args, labels = inputs("train", rows, rng)
+        loss = F.cross_entropy(model(*(a.to(device) for a in args)).float(), labels.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if step % cfg.eval_every and step != cfg.steps:
+            continue
+        dev = accuracy(model, inputs, "dev", len(data.head["dev"]), device)
+        metrics = {"eval": step // cfg.eval_every + (step % cfg.eval_every > 0), "step": step,
+                   "train_loss": float(np.mean(losses)), "dev.accuracy": dev}
+        losses = []
+        if dev > best["dev_accuracy"]:
+            best, best_state = {"dev_accuracy": dev, "best_step": step}, copy.deepcopy(model.state_dict())
+        if on_eval is not None:
+            on_eval({**metrics, "best.dev.accuracy": best["dev_accuracy"]})
+    model.load_state_dict(best_state)
+    test = accuracy(model, inputs, "test", len(data.head["test"]), device)
+    return {**best, "test_accuracy": test, "seconds": time.perf_counter() - started}
+
+
+def _method(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder):
+    """The model and `inputs(split, rows, rng) -> (model arguments, labels)` of a method."""
+    if cfg.method == "head":
+        model = SequenceClassifier(encoder.build(), data.num_classes)
+
+        def head_inputs(split: str, rows: list[int], rng) -> tuple[tuple, torch.Tensor]:
+            ids, labels = next(batches(data.head[split], np.asarray(rows), len(rows), data.pad_id))
+            return (ids, ids != data.pad_id), labels
+        return model, head_inputs
+    encoder_module, head = encoder.build_with_lm_head()
+    prompts = data.prompt
+    model = PromptClassifier(encoder_module, head, prompts["train"].label_ids)
+
+    def prompt_inputs(split: str, rows: list[int], rng) -> tuple[tuple, torch.Tensor]:
+        built = []
+        for i in rows:  # training draws new demonstrations each time; evaluation a fixed set per example
+            demo_rng = rng if split == "train" else random.Random(data.seed * 1_000_003 + i)
+            demos = sample_demos(prompts["train"], demo_rng, exclude=i if split == "train" else None)
+            built.append(prompt_input(prompts[split], i, demos, prompts["train"], cfg.max_length))
+        ids = torch.full((len(built), max(len(b[0]) for b in built)), data.pad_id, dtype=torch.long)
+        for j, (seq, _) in enumerate(built):
+            ids[j, : len(seq)] = torch.tensor(seq)
+        positions = torch.tensor([p for _, p in built])
+        return (ids, ids != data.pad_id, positions), torch.from_numpy(prompts[split].labels[rows])
+    return model, prompt_inputs
+
+
+@torch.no_grad()
+def accuracy(model, inputs, split: str, n: int, device) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, n, EVAL_BATCH):
+        args, labels = inputs(split, list(range(start, min(n, start + EVAL_BATCH))), None)
+        correct += int((model(*(a.to(device) for a in args)).argmax(-1).cpu() == labels).sum())
+    model.train()
+    return correct / n
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def trial_name(config: dict[str, Any]) -> str:
+    t = config["trial"]
+    return f"{t['task']}-{t['method']}-lr{t['lr']:g}-split{t['split']}"
+
+
+def tune_trial(config: dict[str, Any], data: dict[str, ray.ObjectRef], encoder: PretrainedEncoder,
+               settings: dict[str, Any]) -> None:
+    torch.set_num_threads(settings["threads"])
+    t = config["trial"]
+    cfg = FewShotConfig(t["method"], t["lr"], **settings["trial"])
+    result = few_shot(cfg, ray.get(data[f"{t['task']}/{t['split']}"]), encoder, on_eval=tune.report)
+    tune.report({"done": 1, "best.dev.score": result["dev_accuracy"], "test.accuracy": result["test_accuracy"],
+                 "best_step": result["best_step"], "trial_seconds": result["seconds"]})
+
+
+@dataclass(frozen=True)
+class FewShotResult:
+    run_id: str
+    trials: pd.DataFrame  # one row per trial
+    table: pd.DataFrame  # per task and method: the chosen lr, test mean and std over the splits
+
+
+def run(opts: FewShotOptions) -> FewShotResult:
+    set_hermetic_env()
+    tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_tracking(tracking_uri)
+    storage = opts.storage or tracking.default_storage()
+    tracking.check_storage(storage)
+    client = MlflowClient(tracking_uri)
+    experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)
+    seeds = SPLIT_SEEDS[: opts.splits]
+    tasks = load_tasks(opts.tasks, opts.data_dir)
+    with tempfile.TemporaryDirectory(prefix="cocolm-fewshot-") as workdir:  # the downloaded encoder: read, then gone
+        encoder = resolve_encoder(opts.source, tracking_uri, Path(workdir))
+        not_applicable = "" if encoder.lm_head_state is not None else (
+            f"not applicable: the pretraining variant ({encoder.variant or 'unknown'}) trains no language-model head")
+        methods = [m for m in opts.methods if m == "head" or not not_applicable]
+        data = {f"{t.spec.name}/{s}": split_data(t, s, opts.shots, encoder.tokenizer_dir, opts.max_length,
+                                                 prompt_for(t, opts.tasks) if "prompt" in methods else None)
+                for t in tasks for s in seeds}
+    configs = [{"task": t.spec.name, "method": m, "lr": lr, "split": s}
+               for t in tasks for m in methods for lr in opts.lrs for s in seeds]
+    parent = client.create_run(experiment_id, run_name=f"fewshot-{opts.tasks}"[:200], tags={
+        KIND_TAG: KIND_FEWSHOT, PRETRAINING_TAG: encoder.pretraining_run, "variant": encoder.variant})
+    run_id = parent.info.run_id
+    with tracking.ending_run(client, run_id):
+        tracking.log_params(client, run_id, {"from": opts.source, "tasks": opts.tasks, "shots": opts.shots,
+                                             "splits": opts.splits, "lrs": ",".join(f"{v:g}" for v in opts.lrs),
+                                             "steps": opts.steps, "batch_size": opts.batch_size,
+                                             "methods": ",".join(methods), "trials": len(configs)})
+        print(f"MLflow parent run {run_id}: {len(configs)} trials ({', '.join(methods)} x {len(opts.lrs)} learning "
+              f"rates x {len(seeds)} splits x {len(tasks)} task(s))" + (f"; prompts {not_applicable}"
+                                                                           if not_applicable else ""), flush=True)
+        results = _tune(opts, configs, data, encoder, tracking_uri, experiment_id, run_id, storage)
+        trials = pd.DataFrame([{**r.config["trial"], "dev": (r.metrics or {}).get("best.dev.score", math.nan),
+                                "test": (r.metrics or {}).get("test.accuracy", math.nan) if r.error is None
+                                else math.nan} for r in results])
+        table = summarize(trials, [t.spec.name for t in tasks], opts.methods, len(seeds), not_applicable)
+        _log(client, run_id, trials, table, opts.shots)
+    print(f"\n{markdown(table, opts.shots, len(seeds))}\nMLflow parent run id: {run_id}\n"
+          + tracking.ui_links(tracking_uri, experiment_id, run_id))
+    return FewShotResult(run_id, trials, table)
+
+
+def _tune(opts, configs, data, encoder, tracking_uri, experiment_id, run_id, storage):
+    init_ray()
+    refs = {key: ray.put(value) for key, value in data.items()}
+    settings = {"threads": max(1, int(opts.cpus_per_trial)), "trial": {
+        "steps": opts.steps, "batch_size": opts.batch_size, "eval_every": opts.eval_every,
+        "max_length": opts.max_length}}
+    trainable = tune.with_resources(tune.with_parameters(tune_trial, data=refs, encoder=encoder, settings=settings),
+                                    {"cpu": opts.cpus_per_trial})
+    callback = MlflowTrials(tracking_uri, experiment_id, run_id,
+                            lambda c: {**c["trial"], "pretraining_run": encoder.pretraining_run}, len(configs),
+                            name_of=trial_name)
+    tuner = tune.Tuner(trainable, param_space={"trial": tune.grid_search(configs)},
+                       tune_config=tune.TuneConfig(reuse_actors=True, trial_name_creator=lambda t: trial_name(t.config),
+                                                   trial_dirname_creator=lambda t: f"{trial_name(t.config)}-{t.trial_id}"),
+                       run_config=tune.RunConfig(name=f"fewshot-{run_id}", storage_path=storage, verbose=0,
+                                                 failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+                                                 callbacks=[callback]))
+    return tuner.fit()
+
+
+def summarize(trials: pd.DataFrame, tasks: list[str], methods: tuple[str, ...], splits: int,
+              not_applicable: str) -> pd.DataFrame:
+    """Per task and method: the learning rate whose splits all finished with the best mean dev accuracy,
+    and its test accuracy's mean and standard deviation (ddof 1) over the splits."""
+    rows = []
+    for task in tasks:
+        for method in methods:
+            if method == "prompt" and not_applicable:
+                rows.append({"task": task, "method": method, "status": not_applicable})
+                continue
+            mine = trials[(trials["task"] == task) & (trials["method"] == method)]
+            by_lr = mine.groupby("lr").agg(dev=("dev", "mean"), test_mean=("test", "mean"), test_std=("test", "std"),
+                                          done=("test", "count"))
+            complete = by_lr[by_lr["done"] == splits]
+            if complete.empty:
+                rows.append({"task": task, "method": method, "status": "no learning rate finished every split"})
+                continue
+            lr = complete["dev"].idxmax()
+            rows.append({"task": task, "method": method, "lr": lr, "dev_mean": complete.loc[lr, "dev"],
+                         "score_mean": complete.loc[lr, "test_mean"], "score_std": complete.loc[lr, "test_std"],
+                         "splits": splits, "status": "ok"})
+    return pd.DataFrame(rows)
+
+
+def markdown(table: pd.DataFrame, shots: int, splits: int) -> str:
+    """Table 4's form: test accuracy x100 as mean (std) over the splits, with the chosen learning rate."""
+    lines = [f"Few-shot: {shots} training and {shots} dev examples per class, {splits} splits; test accuracy x100, "
+             f"mean (std) over the splits at the learning rate with the best mean dev accuracy\n",
+             "| task | method | test accuracy | lr | dev accuracy (mean) | status |", "|---|---|---|---|---|---|"]
+    for _, row in table.iterrows():
+        ok = row.get("status") == "ok"
+        score = f"{100 * row['score_mean']:.2f} ({100 * row['score_std']:.2f})" if ok else "-"
+        lines.append(f"| {row['task']} | {row['method']} | {score} | {f'{row.lr:g}' if ok else '-'} | "
+                     f"{f'{100 * row.dev_mean:.2f}' if ok else '-'} | {row['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _log(client, run_id: str, trials: pd.DataFrame, table: pd.DataFrame, shots: int) -> None:
+    now = int(time.time() * 1000)
+    metrics = [Metric(f"fewshot/{row['task']}/{row['method']}/{stat}", float(row[f"score_{stat}"]), now, 0)
+               for _, row in table.iterrows() if row.get("status") == "ok" for stat in ("mean", "std")]
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
+    client.log_text(run_id, trials.to_csv(index=False), "fewshot_trials.csv")
+    client.log_text(run_id, table.to_csv(index=False), "fewshot_table.csv")
+    client.log_text(run_id, markdown(table, shots, trials["split"].nunique()), "fewshot_table.md")
+
+
+def main(argv: list[str] | None = None) -> FewShotResult:
+    return run(parse_options("python -m jobs.finetuning.fewshot", __doc__, FewShotOptions, argv))
+
+
+if __name__ == "__main__":
+    run_main(main)
