@@ -131,7 +131,7 @@ def test_the_lm_head_is_exported_with_the_encoder_and_its_absence_is_known(tmp_p
 
 @pytest.mark.timeout(600)
 def test_the_command_runs_both_methods_on_ray_tune_and_reports_mean_and_std(ray_local, tmp_path, tokenizer_dir,
-                                                                             monkeypatch, capsys):
+                                                                             monkeypatch, capfd):
     from conftest import pretraining_run_with_encoder, sentiment_file
     from jobs.finetuning.fewshot import FewShotOptions, run
 
@@ -152,8 +152,9 @@ def test_the_command_runs_both_methods_on_ray_tune_and_reports_mean_and_std(ray_
     prompt = result.trials[result.trials["method"] == "prompt"]["test"]
     assert table.loc["prompt", "score_mean"] == pytest.approx(prompt.mean())
     assert table.loc["prompt", "score_std"] == pytest.approx(prompt.std())
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()
     assert "| sentiment | prompt |" in out and "mean (std) over the splits" in out
+    assert "Could not fetch metrics" not in out + err  # Tune's result files are written (its CSV/JSON loggers)
     parent = client.get_run(result.run_id)
     assert parent.data.tags["kind"] == KIND_FEWSHOT and "fewshot/sentiment/prompt/mean" in parent.data.metrics
     children = client.search_runs([parent.info.experiment_id],

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback  # no TensorBoard (jobs.env)
 
 from model.classifier import SequenceClassifier
 from model.step import param_groups, warmup_linear_decay
@@ -109,6 +110,7 @@ class SplitData:
     head: dict[str, EncodedSplit]  # train, dev, test in the [CLS] format
     pad_id: int
     num_classes: int
+    notes: tuple[str, ...] = ()  # label words scored by their first token
 
 
 def split_data(task, seed: int, shots: int, tokenizer_dir, max_length: int, prompt) -> SplitData:
@@ -118,11 +120,12 @@ def split_data(task, seed: int, shots: int, tokenizer_dir, max_length: int, prom
     encoded = encode_task(replace(task, train=splits["train"], dev={"dev": splits["dev"]}, test=test),
                           tokenizer_dir, max_length)
     head = {"train": encoded.train, "dev": encoded.dev["dev"], "test": encoded.test}
-    prompts = None
+    prompts, notes = None, []
     if prompt is not None:
         tokenizer = load_tokenizer(tokenizer_dir)
-        prompts = {name: encode_prompts(tokenizer, prompt, task, split)[0] for name, split in splits.items()}
-    return SplitData(task.spec.name, seed, prompts, head, encoded.pad_id, len(task.spec.labels))
+        encoded_prompts = {name: encode_prompts(tokenizer, prompt, task, split) for name, split in splits.items()}
+        prompts, notes = {name: data for name, (data, _) in encoded_prompts.items()}, encoded_prompts["train"][1]
+    return SplitData(task.spec.name, seed, prompts, head, encoded.pad_id, len(task.spec.labels), tuple(notes))
 
 
 # ----------------------------------------------------------------------------- one trial (plain PyTorch)
@@ -273,6 +276,10 @@ def run(opts: FewShotOptions) -> FewShotResult:
                                              "splits": opts.splits, "lrs": ",".join(f"{v:g}" for v in opts.lrs),
                                              "steps": opts.steps, "batch_size": opts.batch_size,
                                              "methods": ",".join(methods), "trials": len(configs)})
+        notes = sorted({note for d in data.values() for note in d.notes})
+        if notes:
+            print("\n".join(notes), flush=True)
+            client.log_text(run_id, "\n".join(notes) + "\n", "data_notes.txt")
         print(f"MLflow parent run {run_id}: {len(configs)} trials ({', '.join(methods)} x {len(opts.lrs)} learning "
               f"rates x {len(seeds)} splits x {len(tasks)} task(s))" + (f"; prompts {not_applicable}"
                                                                            if not_applicable else ""), flush=True)
@@ -303,7 +310,7 @@ def _tune(opts, configs, data, encoder, tracking_uri, experiment_id, run_id, sto
                                                    trial_dirname_creator=lambda t: f"{trial_name(t.config)}-{t.trial_id}"),
                        run_config=tune.RunConfig(name=f"fewshot-{run_id}", storage_path=storage, verbose=0,
                                                  failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-                                                 callbacks=[callback]))
+                                                 callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()]))
     return tuner.fit()
 
 
