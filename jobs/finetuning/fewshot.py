@@ -154,6 +154,7 @@ def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
     rng = random.Random(data.seed)
     model, inputs = _method(cfg, data, encoder)
     model.to(device).train()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")  # as trial.py
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.adam_betas,
                                   eps=cfg.adam_eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(0, cfg.steps))
@@ -164,7 +165,9 @@ def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
             order += rng.sample(range(n_train), n_train)  # epochs of shuffled examples
         rows, order = order[: cfg.batch_size], order[cfg.batch_size :]
         args, labels = inputs("train", rows, rng)
-        loss = F.cross_entropy(model(*(a.to(device) for a in args)).float(), labels.to(device))
+        with autocast:
+            logits = model(*(a.to(device) for a in args)).float()  # (B, classes)
+        loss = F.cross_entropy(logits, labels.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -172,7 +175,7 @@ def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
         losses.append(loss.item())
         if step % cfg.eval_every and step != cfg.steps:
             continue
-        dev = accuracy(model, inputs, "dev", len(data.head["dev"]), device)
+        dev = accuracy(model, inputs, "dev", len(data.head["dev"]), device, autocast)
         metrics = {"eval": step // cfg.eval_every + (step % cfg.eval_every > 0), "step": step,
                    "train_loss": float(np.mean(losses)), "dev.accuracy": dev}
         losses = []
@@ -181,7 +184,7 @@ def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
         if on_eval is not None:
             on_eval({**metrics, "best.dev.accuracy": best["dev_accuracy"]})
     model.load_state_dict(best_state)
-    test = accuracy(model, inputs, "test", len(data.head["test"]), device)
+    test = accuracy(model, inputs, "test", len(data.head["test"]), device, autocast)
     return {**best, "test_accuracy": test, "seconds": time.perf_counter() - started}
 
 
@@ -213,12 +216,14 @@ def _method(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder):
 
 
 @torch.no_grad()
-def accuracy(model, inputs, split: str, n: int, device) -> float:
+def accuracy(model, inputs, split: str, n: int, device, autocast) -> float:
     model.eval()
     correct = 0
     for start in range(0, n, EVAL_BATCH):
         args, labels = inputs(split, list(range(start, min(n, start + EVAL_BATCH))), None)
-        correct += int((model(*(a.to(device) for a in args)).argmax(-1).cpu() == labels).sum())
+        with autocast:
+            predicted = model(*(a.to(device) for a in args)).argmax(-1).cpu()
+        correct += int((predicted == labels).sum())
     model.train()
     return correct / n
 
