@@ -44,6 +44,11 @@ def test_rendering_fills_the_template_and_cuts_the_longest_field_first():
     assert ids[position] == MASK and position == 5
 
 
+def test_only_templates_that_ask_about_the_first_sentence_drop_its_punctuation():
+    assert Prompt(*BUILT_IN["snli"]).asks and Prompt(*BUILT_IN["rte"]).asks  # LM-BFF's "sent-"
+    assert not Prompt(*BUILT_IN["sst-2"]).asks and not Prompt(*BUILT_IN["mrpc"]).asks  # "sent_0": kept
+
+
 def test_demonstrations_are_one_per_class_and_never_the_example_itself():
     data = PromptData([([1],)] * 6, np.array([0, 0, 1, 1, 2, 2]), ["text", "[MASK]"], [7, 8, 9], {})
     for seed in range(20):

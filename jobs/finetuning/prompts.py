@@ -33,8 +33,8 @@ from jobs.finetuning.readers import Split, Task
 
 MASK = "[MASK]"
 FIELDS = ("text", "text_pair")
-# LM-BFF's manual templates and label words (their Table 1), with "sent-" (the first sentence without its
-# final punctuation) written as the field and the punctuation dropped in `_fields`.
+# LM-BFF's manual templates and label words (their Table 1). Where the template turns the first sentence into a
+# question ("{text} ?"), LM-BFF's "sent-" drops its final punctuation (`Prompt.asks`).
 _NLI = ("{text} ? [MASK] , {text_pair}", {"entailment": "Yes", "neutral": "Maybe", "contradiction": "No"})
 _YES_NO = ("{text} ? [MASK] , {text_pair}", {"entailment": "Yes", "not_entailment": "No"})
 BUILT_IN = {
@@ -58,6 +58,11 @@ class Prompt:
         unknown = set(re.findall(r"{(\w+)}", self.template)) - set(FIELDS)
         if unknown:
             raise ValueError(f"template {self.template!r}: unknown field(s) {sorted(unknown)}; use {FIELDS}")
+
+    @property
+    def asks(self) -> bool:
+        """The template asks about the first sentence ("{text} ? ..."): that sentence loses its final punctuation."""
+        return "{text} ?" in self.template
 
 
 def prompt_for(task: Task, path: str | Path | None = None) -> Prompt:
@@ -143,14 +148,10 @@ def encode_prompts(tokenizer: Tokenizer, prompt: Prompt, task: Task, split: Spli
     texts = {"text": split.text, "text_pair": split.text_pair}
     if any(texts[f] is None for f in used):
         raise ValueError(f"template {prompt.template!r} uses {used} but the task has no text_pair")
-    columns = [[e.ids for e in tokenizer.encode_batch([_fields(t, f) for t in texts[f]], add_special_tokens=False)]
-               for f in used]
+    strip = {f: prompt.asks and f == "text" for f in used}
+    columns = [[e.ids for e in tokenizer.encode_batch([t.rstrip().rstrip(".?!") if strip[f] else t for t in texts[f]],
+                                                      add_special_tokens=False)] for f in used]
     return PromptData(list(zip(*columns)), np.asarray(split.labels, dtype=np.int64), pieces, label_ids, special), notes
-
-
-def _fields(text: str, field: str) -> str:
-    """LM-BFF's "sent-": the first sentence loses its final punctuation, since the template adds its own."""
-    return text.rstrip().rstrip(".?!") if field == "text" else text
 
 
 def render(data: PromptData, i: int, fill: int, budget: int) -> list[int]:
