@@ -22,7 +22,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,10 @@ from jobs.cli import option, parse_options, run_main
 from jobs.data.tokens import load_tokenizer
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoders import resolve_encoder
-from jobs.finetuning.encoding import EncodedSplit, encode_task
-from jobs.finetuning.prompts import (SPLIT_SEEDS, PromptClassifier, PromptData, encode_prompts, few_shot_split,
+from jobs.finetuning.encoding import EncodedSplit, encode_split, special_ids
+from jobs.finetuning.prompts import (SPLIT_SEEDS, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,
                                      prompt_for, prompt_input, sample_demos)
+from jobs.finetuning.readers import Split, Task
 from jobs.finetuning.sweep import MlflowTrials
 from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.trial import PretrainedEncoder, batches
@@ -113,19 +114,32 @@ class SplitData:
     notes: tuple[str, ...] = ()  # label words scored by their first token
 
 
-def split_data(task, seed: int, shots: int, tokenizer_dir, max_length: int, prompt) -> SplitData:
+def test_split(task: Task) -> Split:
+    """The split Table 4 reports: the task's test split, else its first dev split, whole."""
+    return task.test if task.test is not None else task.dev[task.spec.dev_splits[0]]
+
+
+def forms(tokenizer, task: Task, splits: dict[str, Split], max_length: int, prompt: Prompt | None):
+    """Each split in both methods' forms: the [CLS] format, and prompt data when prompts apply (with the
+    notes on label words)."""
+    special = special_ids(tokenizer, "the encoder's tokenizer")
+    head = {name: encode_split(tokenizer, special, split, max_length)[0] for name, split in splits.items()}
+    if prompt is None:
+        return head, None, ()
+    encoded = {name: encode_prompts(tokenizer, prompt, task, split) for name, split in splits.items()}
+    return head, {name: data for name, (data, _) in encoded.items()}, tuple(next(iter(encoded.values()))[1])
+
+
+def split_data(task: Task, seed: int, shots: int, tokenizer, max_length: int, prompt: Prompt | None,
+               test: tuple) -> SplitData:
+    """One data seed's k-shot train and dev sets, with `test` (`forms` of the test split, encoded once per
+    task since every split shares it)."""
     train, dev = few_shot_split(task, shots, seed)
-    test = task.test if task.test is not None else task.dev[task.spec.dev_splits[0]]
-    splits = {"train": task.train.take(train), "dev": task.train.take(dev), "test": test}
-    encoded = encode_task(replace(task, train=splits["train"], dev={"dev": splits["dev"]}, test=test),
-                          tokenizer_dir, max_length)
-    head = {"train": encoded.train, "dev": encoded.dev["dev"], "test": encoded.test}
-    prompts, notes = None, []
-    if prompt is not None:
-        tokenizer = load_tokenizer(tokenizer_dir)
-        encoded_prompts = {name: encode_prompts(tokenizer, prompt, task, split) for name, split in splits.items()}
-        prompts, notes = {name: data for name, (data, _) in encoded_prompts.items()}, encoded_prompts["train"][1]
-    return SplitData(task.spec.name, seed, prompts, head, encoded.pad_id, len(task.spec.labels), tuple(notes))
+    head, prompts, notes = forms(tokenizer, task, {"train": task.train.take(train), "dev": task.train.take(dev)},
+                                 max_length, prompt)
+    test_head, test_prompts, _ = test
+    return SplitData(task.spec.name, seed, None if prompts is None else {**prompts, **test_prompts},
+                     {**head, **test_head}, tokenizer.token_to_id("[PAD]"), len(task.spec.labels), notes)
 
 
 # ----------------------------------------------------------------------------- one trial (plain PyTorch)
@@ -268,8 +282,12 @@ def run(opts: FewShotOptions) -> FewShotResult:
         not_applicable = "" if encoder.lm_head_state is not None else (
             f"not applicable: the pretraining variant ({encoder.variant or 'unknown'}) trains no language-model head")
         methods = [m for m in opts.methods if m == "head" or not not_applicable]
-        data = {f"{t.spec.name}/{s}": split_data(t, s, opts.shots, encoder.tokenizer_dir, opts.max_length,
-                                                 prompt_for(t, opts.tasks) if "prompt" in methods else None)
+        tokenizer = load_tokenizer(encoder.tokenizer_dir)
+        prompts = {t.spec.name: prompt_for(t, opts.tasks) if "prompt" in methods else None for t in tasks}
+        tests = {t.spec.name: forms(tokenizer, t, {"test": test_split(t)}, opts.max_length, prompts[t.spec.name])
+                 for t in tasks}
+        data = {f"{t.spec.name}/{s}": split_data(t, s, opts.shots, tokenizer, opts.max_length, prompts[t.spec.name],
+                                                 tests[t.spec.name])
                 for t in tasks for s in seeds}
     configs = [{"task": t.spec.name, "method": m, "lr": lr, "split": s}
                for t in tasks for m in methods for lr in opts.lrs for s in seeds]
