@@ -29,6 +29,9 @@ class EncoderShape:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-5
     pad_token_id: int = 0
+    # False: the paper's post-LN block. True: pre-LN (LN before each sublayer, one final LN), a recorded
+    # departure for short studies only (docs/design.md section 5.4); every variant of a study gets it.
+    pre_layer_norm: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,7 +64,9 @@ class FeedForward(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Post-LN block: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x)))."""
+    """Post-LN block, the paper's: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x))).
+    With cfg.pre_layer_norm: x = x + drop(attn(LN(x))); x = x + drop(ffn(LN(x))), and the encoder adds
+    a final LN."""
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -73,8 +75,12 @@ class TransformerLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_layer_norm = cfg.pre_layer_norm
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias, implementation: str = "sdpa") -> torch.Tensor:
+        if self.pre_layer_norm:
+            x = x + self.dropout(self.attention(self.attention_norm(x), bias, implementation))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
         x = self.attention_norm(x + self.dropout(self.attention(x, bias, implementation)))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
 
@@ -95,6 +101,8 @@ class Encoder(nn.Module):
         )
         self.relative_bias = RelativePositionBias(cfg) if cfg.relative_position else None
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+        # Pre-LN leaves the residual stream unnormalised: the heads expect normalised states.
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
         self.attention_implementation = "auto"  # a choice, resolved per forward: see model.attention
         for name, child in self.named_children():
             if not (name == "embeddings" and embeddings is not None):  # never re-initialise shared weights
@@ -125,7 +133,7 @@ class Encoder(nn.Module):
             bias = attention_bias(attention_mask.bool(), position_bias, dtype)  # (B, h or 1, T, T)
         for layer in self.layers:
             x = layer(x, bias, implementation)
-        return x
+        return x if self.final_norm is None else self.final_norm(x)
 
     def _flex_runs(self, device: torch.device, dtype: torch.dtype) -> bool:
         """False when compiled flex fails on this GPU (checked once per process and configuration,

@@ -10,7 +10,8 @@ and the last checkpoint stay good, and the caller decides to stop.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -62,6 +63,28 @@ def build_optimizer(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.max_steps))
     return optimizer, scheduler
+
+
+@dataclass
+class Interval:
+    """Sums over one log interval, kept as device tensors so a micro-batch costs no device sync;
+    turned into means (NaN entries, such as an accuracy over an empty set, left out) when logged."""
+
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        for key, value in values.items():
+            present = ~torch.isnan(value)
+            self.sums[key] = self.sums.get(key, 0.0) + torch.where(present, value, 0.0)
+            self.counts[key] = self.counts.get(key, 0.0) + present.float()
+
+    def means(self) -> dict[str, float]:
+        keys = list(self.sums)
+        sums, counts = (torch.stack([d[k] for k in keys]).tolist() for d in (self.sums, self.counts))
+        return {key: total / count for key, total, count in zip(keys, sums, counts) if count}
 
 
 @dataclass

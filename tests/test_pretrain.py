@@ -243,7 +243,7 @@ def test_every_variant_runs_a_few_training_steps(tmp_path):
 
 
 def test_log_interval_means_skip_empty_signals():
-    from jobs.pretraining.loop import Interval
+    from model.step import Interval
 
     interval = Interval()
     interval.add({"loss": torch.tensor(2.0), "copy_accuracy_replaced": torch.tensor(float("nan"))})

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray.train
@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from model import PretrainingObjective, build_pretraining_model
 from model.encoder import compile_encoders
 from model.flops import device_peak_flops, step_flops
-from model.step import TrainingStep, build_optimizer
+from model.step import Interval, TrainingStep, build_optimizer
 
 from jobs.data.stream import pretraining_batches
 from jobs.names import STOP_TAG
@@ -66,28 +66,6 @@ def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
         raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of data.batch_size x workers "
                          f"= {cfg.data.batch_size} x {world_size}")
     return cfg.train.global_batch // per_pass
-
-
-@dataclass
-class Interval:
-    """Sums over one log interval, kept as device tensors so a micro-batch costs no device sync;
-    turned into means (NaN entries, such as an accuracy over an empty set, left out) when logged."""
-
-    started: float = field(default_factory=time.perf_counter)
-    steps: int = 0
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)
-    counts: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def add(self, values: dict[str, torch.Tensor]) -> None:
-        for key, value in values.items():
-            present = ~torch.isnan(value)
-            self.sums[key] = self.sums.get(key, 0.0) + torch.where(present, value, 0.0)
-            self.counts[key] = self.counts.get(key, 0.0) + present.float()
-
-    def means(self) -> dict[str, float]:
-        keys = list(self.sums)
-        sums, counts = (torch.stack([d[k] for k in keys]).tolist() for d in (self.sums, self.counts))
-        return {key: total / count for key, total, count in zip(keys, sums, counts) if count}
 
 
 class Logger:

@@ -1,0 +1,285 @@
+"""Learning curves of a pretraining recipe with plain PyTorch: the probe for presets whose heads learn
+within a short study (docs/design.md section 5.4).
+
+    python -m jobs.studies.curves --preset study --blocks work/blocks [--variant cocolm] [--set key=value ...]
+        [--out work/curves/NAME.csv] [--device cuda]
+    python -m jobs.studies.curves --plot work/curves/a.csv work/curves/b.csv --out curves.png
+
+The first run with a fresh `--blocks` folder packs the corpus into it once with the job's own Ray Data
+stream (read -> clean -> tokenize -> pack) and the preset's tokenizer. Every run after that reads the
+packed blocks and needs neither Ray nor MLflow, so a GPU machine with only torch and transformers
+installed runs it: copy the folder there. Training is the job's: the preset, variant and `--set`
+overrides resolve as `python -m jobs.pretraining` resolves them, and every step is
+`model.step.TrainingStep` (bf16 autocast on CUDA, accumulation, clipping, AdamW, warm-up and linear
+decay) on the variant's objective. Only the batching differs: the blocks are shuffled per epoch
+here, and each batch is corrupted with one generator instead of one per block.
+
+A line per `train.log_every` steps gives the step, epoch, losses, accuracies on the training batches
+and on a fixed held-out set of blocks, tokens/s and the time left; the same numbers go to the CSV
+(one row per interval), and a figure of the accuracies next to it when matplotlib is installed. At
+the end each head's held-out accuracy is judged against `LEFT_PRIOR`: the first logged step above it,
+or "never".
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from jobs.cli import option, parse_options, run_main
+from jobs.pretraining.config import PretrainConfig, resolve, with_vocab_size
+from model import build_pretraining_model, make_pretraining_batch
+from model.encoder import compile_encoders
+from model.step import Interval, TrainingStep, build_optimizer
+
+BLOCKS_FILE, META_FILE = "blocks.npy", "blocks.json"
+HELDOUT_FRACTION, HELDOUT_MAX = 0.05, 512  # blocks kept out of training for the held-out accuracies
+# A head has left its prior once its held-out accuracy passes these. The MLM-style accuracies start at
+# the unigram plateau (5-6% on the shipped corpus: the most frequent pieces), so 0.10 is about twice
+# it; the copy head starts by calling every token original (0 on replaced tokens), so half of the
+# replaced tokens found is clear learning.
+LEFT_PRIOR = {"aux_mlm_accuracy": 0.10, "mlm_accuracy": 0.10, "lm_accuracy_replaced": 0.10,
+              "copy_accuracy_replaced": 0.5}
+PLOTTED = ("aux_mlm_accuracy", "mlm_accuracy", "copy_accuracy_replaced", "copy_accuracy_original",
+           "lm_accuracy_replaced", "lm_accuracy_original", "scl_positive_cosine", "scl_negative_cosine")
+
+
+@dataclass(frozen=True)
+class CurvesOptions:
+    preset: str = field(default="tiny", metadata=option("platform/presets/<name>.yaml"))
+    variant: str = field(default="cocolm", metadata=option("built-in variant or platform/variants/<name>.yaml"))
+    overrides: tuple[str, ...] = field(default=(), metadata=option(
+        "override a config key, as the pretraining job takes it", flag="--set", repeat=True, metavar="KEY=VALUE"))
+    blocks: str = field(default="work/blocks", metadata=option(
+        "folder of packed blocks; packed here from the preset's corpus and tokenizer (with Ray) when empty"))
+    out: str | None = field(default=None, metadata=option(
+        "CSV of the curves (default: work/curves/<preset>-<variant>.csv); with --plot, the figure"))
+    device: str | None = field(default=None, metadata=option("cuda or cpu (default: cuda when there is one)"))
+    plot: tuple[str, ...] = field(default=(), metadata=option(
+        "draw these CSVs into one figure (--out) instead of training", many=True))
+
+
+# ---------------------------------------------------------------- packed blocks
+
+
+def pack_corpus(cfg: PretrainConfig, folder: Path) -> None:
+    """The corpus through the job's Ray Data stream into `folder`: blocks.npy, tokenizer.json and blocks.json."""
+    import ray
+
+    from jobs.data.corpus import skip_summary
+    from jobs.data.stream import build_stream
+    from jobs.data.tokenizer import resolve_tokenizer
+    from jobs.data.tokens import load_tokenizer
+    from jobs.ray_session import init_ray
+
+    started = not ray.is_initialized()
+    init_ray()
+    tokenizer_dir = resolve_tokenizer(cfg.data)
+    stream = build_stream(cfg.data, tokenizer_dir)
+    parts = [b["input_ids"] for b in stream.blocks.iter_batches(batch_size=None, batch_format="numpy")]
+    if not parts:
+        raise ValueError(f"the corpus {cfg.data.paths or 'data/corpus'} gave no blocks")
+    blocks = np.concatenate(parts)
+    blocks = blocks[np.lexsort(blocks.T[::-1])]  # Ray delivers in any order; the file should not depend on it
+    print(skip_summary(stream.skips).format())
+    if started:  # a session the caller opened stays open
+        ray.shutdown()
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / BLOCKS_FILE, blocks.astype(np.int32))
+    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    meta = {"seq_len": int(blocks.shape[1]), "vocab_size": load_tokenizer(str(tokenizer_dir)).get_vocab_size(),
+            "blocks": int(len(blocks)), "tokens": int((blocks != 0).sum()), "corpus": list(cfg.data.paths) or "shipped"}
+    (folder / META_FILE).write_text(json.dumps(meta, indent=1))
+    print(f"packed {meta['blocks']:,} blocks of {meta['seq_len']} ({meta['tokens']:,} tokens, vocabulary "
+          f"{meta['vocab_size']:,}) into {folder}")
+
+
+def load_blocks(cfg: PretrainConfig, folder: Path) -> tuple[np.ndarray, dict]:
+    """The packed blocks and their description; packs them first when the folder has none."""
+    if not (folder / BLOCKS_FILE).is_file():
+        pack_corpus(cfg, folder)
+    meta = json.loads((folder / META_FILE).read_text())
+    if meta["seq_len"] != cfg.data.seq_len:
+        raise ValueError(f"{folder} holds blocks of {meta['seq_len']} tokens and this run wants data.seq_len="
+                         f"{cfg.data.seq_len}: give another --blocks folder")
+    return np.load(folder / BLOCKS_FILE), meta
+
+
+def split_heldout(blocks: np.ndarray, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training blocks, held-out blocks): a seeded draw of HELDOUT_FRACTION of them, at most HELDOUT_MAX."""
+    order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed))
+    held = min(HELDOUT_MAX, max(1, int(HELDOUT_FRACTION * len(blocks))))
+    ids = torch.from_numpy(blocks).long()
+    return ids[order[held:]], ids[order[:held]]
+
+
+# ---------------------------------------------------------------- training
+
+
+def epoch_batches(blocks: torch.Tensor, batch_size: int, generator: torch.Generator):
+    """Endless micro-batches of `batch_size` blocks: a fresh shuffle per epoch, the ragged tail dropped."""
+    while True:
+        order = torch.randperm(len(blocks), generator=generator)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            yield blocks[order[start : start + batch_size]]
+
+
+def corrupted(ids: torch.Tensor, cfg: PretrainConfig, generator: torch.Generator, device: torch.device) -> dict:
+    batch = make_pretraining_batch(ids, cfg.data.mask_rate, cfg.data.crop_fraction, generator)
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+@torch.no_grad()
+def heldout_metrics(model, batches: list[dict], autocast) -> dict[str, float]:
+    """Mean metrics over the fixed held-out batches, in eval mode (no dropout)."""
+    model.eval()
+    interval = Interval()
+    with autocast:
+        for batch in batches:
+            interval.add(model(batch).values())
+    model.train()
+    return interval.means()
+
+
+def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.device) -> list[dict]:
+    """Train as the job does and write one CSV row per log interval; the rows."""
+    torch.manual_seed(cfg.train.seed)
+    model = build_pretraining_model(cfg.model, cfg.objective).to(device)
+    if cfg.train.compile:
+        compile_encoders(model)
+    optimizer, scheduler = build_optimizer(model, cfg.train.optimizer(), device)
+    accumulation = cfg.train.global_batch // cfg.data.batch_size
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
+                        accumulation=accumulation, bf16=cfg.train.bf16)
+    training, heldout = split_heldout(blocks, cfg.data.seed)
+    generator = torch.Generator().manual_seed(cfg.data.seed)
+    held_generator = torch.Generator().manual_seed(cfg.data.seed + 1)  # the same corruption at every evaluation
+    held_batches = [corrupted(ids, cfg, held_generator, device) for ids in heldout.split(cfg.data.batch_size)]
+    source = epoch_batches(training, cfg.data.batch_size, generator)
+    step_tokens = cfg.train.global_batch * cfg.data.seq_len
+    corpus_tokens = len(training) * cfg.data.seq_len
+    print(f"{cfg.preset} / {cfg.variant}: {cfg.train.max_steps:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} "
+          f"= {cfg.train.max_steps * step_tokens / corpus_tokens:.1f} epochs of {len(training):,} blocks "
+          f"({len(heldout)} held out), on {device}")
+    rows, interval, started = [], Interval(), time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as handle:
+        writer = None
+        for number in range(1, cfg.train.max_steps + 1):
+            result = step(corrupted(next(source), cfg, generator, device) for _ in range(accumulation))
+            for values in result.values:
+                interval.add(values)
+            interval.steps += 1
+            if not result.updated:
+                raise FloatingPointError(f"non-finite gradient at step {number} (norm {result.grad_norm.item()})")
+            if number % cfg.train.log_every and number != cfg.train.max_steps:
+                continue
+            seconds = time.perf_counter() - interval.started
+            row = {"step": number, "epoch": number * step_tokens / corpus_tokens,
+                   "seconds": time.perf_counter() - started, "tokens_per_second": interval.steps * step_tokens / seconds,
+                   "learning_rate": scheduler.get_last_lr()[0], "grad_norm": result.grad_norm.item(),
+                   **interval.means(),
+                   **{f"heldout_{k}": v for k, v in heldout_metrics(model, held_batches, step.autocast).items()}}
+            if writer is None:
+                writer = csv.DictWriter(handle, fieldnames=list(row), extrasaction="ignore")
+                writer.writeheader()
+            writer.writerow(row)
+            handle.flush()
+            rows.append(row)
+            print(progress_line(row, cfg.train.max_steps, seconds / interval.steps), flush=True)
+            interval = Interval()
+    return rows
+
+
+def progress_line(row: dict, max_steps: int, step_seconds: float) -> str:
+    shown = [k for k in ("aux_mlm_accuracy", "mlm_accuracy", "copy_accuracy_replaced", "lm_accuracy_replaced")
+             if f"heldout_{k}" in row]
+    left = (max_steps - row["step"]) * step_seconds
+    return (f"step {row['step']}/{max_steps} | epoch {row['epoch']:.2f} | loss {row['loss']:.3f} | held-out "
+            + " ".join(f"{k.replace('_accuracy', '')} {row[f'heldout_{k}']:.3f}" for k in shown)
+            + f" | {row['tokens_per_second']:,.0f} tok/s | {left / 60:.1f} min left")
+
+
+def left_prior(rows: list[dict]) -> dict[str, int | None]:
+    """Per head the variant trains, the first logged step whose held-out accuracy passes LEFT_PRIOR (None: never)."""
+    firsts: dict[str, int | None] = {}
+    for metric, threshold in LEFT_PRIOR.items():
+        key = f"heldout_{metric}"
+        if rows and key in rows[0]:
+            firsts[metric] = next((r["step"] for r in rows if r[key] > threshold), None)
+    return firsts
+
+
+# ---------------------------------------------------------------- figure
+
+
+def plot(paths: list[Path], out: Path) -> Path:
+    """One panel per plotted accuracy (held-out where logged), a line per CSV."""
+    import pandas as pd
+
+    from jobs.studies.figures import pyplot, save
+
+    curves = {path.stem: pd.read_csv(path) for path in paths}
+    metrics = [m for m in PLOTTED if any(f"heldout_{m}" in df or m in df for df in curves.values())]
+    plt = pyplot()
+    columns = min(3, len(metrics))
+    fig, axes = plt.subplots(math.ceil(len(metrics) / columns), columns, figsize=(4.2 * columns, 3.2 * math.ceil(len(metrics) / columns)),
+                             squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        for label, df in curves.items():
+            key = f"heldout_{metric}" if f"heldout_{metric}" in df else metric
+            if key in df:
+                ax.plot(df["step"], df[key], label=label)
+        if metric in LEFT_PRIOR:
+            ax.axhline(LEFT_PRIOR[metric], color="grey", linestyle=":", linewidth=1)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    return save(fig, "held-out accuracies against step (dotted: left the prior)", out)
+
+
+# ---------------------------------------------------------------- command
+
+
+def run(opts: CurvesOptions) -> list[dict]:
+    if opts.plot:
+        missing = [p for p in opts.plot if not Path(p).is_file()]
+        if missing:
+            raise FileNotFoundError(f"no such CSV: {', '.join(missing)}")
+        print(plot([Path(p) for p in opts.plot], Path(opts.out or "curves.png")))
+        return []
+    cfg = resolve(opts.preset, opts.variant, list(opts.overrides))
+    if cfg.train.global_batch % cfg.data.batch_size:
+        raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of data.batch_size={cfg.data.batch_size}")
+    blocks, meta = load_blocks(cfg, Path(opts.blocks))
+    cfg = with_vocab_size(cfg, meta["vocab_size"])
+    device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    out = Path(opts.out or f"work/curves/{opts.preset}-{opts.variant}.csv")
+    rows = train(cfg, blocks, out, device)
+    for metric, first in left_prior(rows).items():
+        print(f"{metric}: held-out {rows[-1][f'heldout_{metric}']:.3f} at step {rows[-1]['step']}; above "
+              f"{LEFT_PRIOR[metric]} " + (f"from step {first}" if first else "never"))
+    print(f"curves: {out}")
+    try:
+        print(f"figure: {plot([out], out.with_suffix('.png'))}")
+    except ImportError:
+        print("figure: skipped (matplotlib is not installed here; --plot draws it where it is)")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    return run(parse_options("python -m jobs.studies.curves", __doc__, CurvesOptions, argv))
+
+
+if __name__ == "__main__":
+    run_main(main)

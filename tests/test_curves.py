@@ -1,0 +1,120 @@
+"""The learning-curve probe: blocks packed by the job's Ray Data stream, then Ray-free training with the
+job's step, held-out accuracies, the CSV and the figure, and the verdict on each head's prior."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jobs.data.corpus import shipped_corpus
+from jobs.pretraining.config import resolve
+from jobs.studies.curves import (
+    BLOCKS_FILE, CurvesOptions, LEFT_PRIOR, META_FILE, left_prior, load_blocks, pack_corpus, run, split_heldout,
+)
+from model.corruption import SpecialTokens
+
+pytestmark = pytest.mark.timeout(300)
+SEQ_LEN = 128
+TRAIN = ("train.max_steps=4", "train.log_every=2", "data.batch_size=8", "train.global_batch=16", "train.warmup_steps=1")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """300 real documents (the shipped Wikipedia leads) in a corpus folder."""
+    folder = tmp_path_factory.mktemp("curves-corpus")
+    with gzip.open(shipped_corpus()[-1], "rt", encoding="utf-8") as lines:
+        rows = [line for _, line in zip(range(300), lines)]
+    (folder / "leads.jsonl").write_text("".join(rows))
+    return folder
+
+
+def _options(corpus: Path, tokenizer_dir: Path, blocks: Path, **kwargs) -> CurvesOptions:
+    data = (f"data.paths=[{corpus}]", f"data.tokenizer_dir={tokenizer_dir}", f"data.seq_len={SEQ_LEN}")
+    return CurvesOptions(preset="tiny", blocks=str(blocks), overrides=data + TRAIN, device="cpu", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def packed(corpus, tokenizer_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("blocks")
+    cfg = resolve("tiny", overrides=[f"data.paths=[{corpus}]", f"data.tokenizer_dir={tokenizer_dir}"])
+    pack_corpus(cfg, folder)
+    return folder
+
+
+def test_packing_is_the_streams_and_does_not_depend_on_rays_order(packed, corpus, tokenizer_dir, tmp_path):
+    blocks = np.load(packed / BLOCKS_FILE)
+    meta = json.loads((packed / META_FILE).read_text())
+    special = SpecialTokens()
+    assert blocks.shape == (meta["blocks"], SEQ_LEN) and (blocks[:, 0] == special.cls).all()
+    assert meta["tokens"] == int((blocks != special.pad).sum()) and meta["vocab_size"] == 1000
+    assert (packed / "tokenizer.json").read_bytes() == (tokenizer_dir / "tokenizer.json").read_bytes()
+    again = tmp_path / "again"
+    pack_corpus(resolve("tiny", overrides=[f"data.paths=[{corpus}]", f"data.tokenizer_dir={tokenizer_dir}"]), again)
+    assert np.array_equal(np.load(again / BLOCKS_FILE), blocks)
+
+
+def test_blocks_of_another_length_are_refused(packed):
+    cfg = resolve("tiny", overrides=["data.seq_len=64"])
+    with pytest.raises(ValueError, match=f"{packed} holds blocks of {SEQ_LEN} tokens .* data.seq_len=64"):
+        load_blocks(cfg, packed)
+
+
+def test_heldout_blocks_are_a_seeded_disjoint_draw():
+    blocks = np.arange(400 * 4, dtype=np.int32).reshape(400, 4)
+    training, heldout = split_heldout(blocks, seed=3)
+    assert len(heldout) == 20 and len(training) == 380  # 5%
+    rows = {tuple(r) for r in training.tolist()} | {tuple(r) for r in heldout.tolist()}
+    assert len(rows) == 400
+    assert split_heldout(blocks, seed=3)[1].equal(heldout) and not split_heldout(blocks, seed=4)[1].equal(heldout)
+
+
+def test_training_writes_curves_with_heldout_accuracies_and_a_figure(packed, corpus, tokenizer_dir, tmp_path, capsys):
+    out = tmp_path / "cocolm.csv"
+    rows = run(_options(corpus, tokenizer_dir, packed, out=str(out)))
+    printed = capsys.readouterr().out
+    with out.open() as handle:
+        written = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in written] == [r["step"] for r in rows] == [2, 4]
+    training_blocks = json.loads((packed / META_FILE).read_text())["blocks"] - len(split_heldout(np.load(packed / BLOCKS_FILE), 0)[1])
+    assert float(written[-1]["epoch"]) == pytest.approx(4 * 16 / training_blocks, rel=1e-6)
+    for key in ("loss", "aux_mlm_accuracy", "copy_accuracy_replaced", "heldout_aux_mlm_accuracy",
+                "heldout_copy_accuracy_replaced", "heldout_lm_accuracy_replaced", "heldout_scl_positive_cosine"):
+        assert np.isfinite(float(written[-1][key])), key
+    assert "step 4/4 | epoch" in printed and "held-out aux_mlm" in printed and "tok/s" in printed
+    assert "copy_accuracy_replaced: held-out" in printed and "above 0.5" in printed
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    figure = tmp_path / "both.png"
+    run(CurvesOptions(plot=(str(out), str(out)), out=str(figure)))
+    assert figure.stat().st_size > 10_000
+
+
+def test_the_variant_decides_the_heads_judged(packed, corpus, tokenizer_dir, tmp_path):
+    rows = run(dataclasses.replace(_options(corpus, tokenizer_dir, packed, out=str(tmp_path / "r.csv")), variant="roberta_mlm"))
+    assert set(left_prior(rows)) == {"mlm_accuracy"}
+
+
+def test_left_prior_is_the_first_logged_step_above_the_threshold():
+    rows = [{"step": s, "heldout_aux_mlm_accuracy": a, "heldout_copy_accuracy_replaced": c}
+            for s, a, c in ((100, 0.05, 0.0), (200, 0.09, 0.3), (300, 0.12, 0.4), (400, 0.2, 0.45))]
+    assert left_prior(rows) == {"aux_mlm_accuracy": 300, "copy_accuracy_replaced": None}
+    assert LEFT_PRIOR["aux_mlm_accuracy"] == 0.10
+
+
+def test_training_needs_neither_ray_nor_mlflow():
+    """What lets a GPU machine with only torch and transformers run the probe."""
+    code = ("import sys, jobs.studies.curves; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow')); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_missing_csv_to_plot_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such CSV: .*nothing.csv"):
+        run(CurvesOptions(plot=(str(tmp_path / "nothing.csv"),)))
