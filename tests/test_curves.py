@@ -1,5 +1,6 @@
-"""The learning-curve probe: blocks packed by the job's Ray Data stream, then Ray-free training with the
-job's step, held-out accuracies, the CSV and the figure, and the verdict on each head's prior."""
+"""The learning-curve probe: blocks packed by the job's Ray Data stream (jobs.data.pack), then Ray-free
+training with the job's step, held-out accuracies, the CSV and the figure, and the verdict on each
+head's prior."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ import numpy as np
 import pytest
 
 from jobs.data.corpus import shipped_corpus
-from jobs.pretraining.config import resolve
-from jobs.studies.curves import (
-    BLOCKS_FILE, CurvesOptions, LEFT_PRIOR, META_FILE, left_prior, load_blocks, pack_corpus, run, split_heldout,
-)
+from jobs.data.pack import PackOptions, run as pack
+from jobs.data.packed import BLOCKS_FILE, META_FILE, TOKENIZER_FILE, load_blocks
+from jobs.studies.curves import CurvesOptions, LEFT_PRIOR, left_prior, run, split_heldout
 from model.corruption import SpecialTokens
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # the first test also pays for the session tokenizer and two packings
 SEQ_LEN = 128
 TRAIN = ("train.max_steps=4", "train.log_every=2", "data.batch_size=8", "train.global_batch=16", "train.warmup_steps=1")
 
@@ -36,16 +36,20 @@ def corpus(tmp_path_factory) -> Path:
     return folder
 
 
-def _options(corpus: Path, tokenizer_dir: Path, blocks: Path, **kwargs) -> CurvesOptions:
-    data = (f"data.paths=[{corpus}]", f"data.tokenizer_dir={tokenizer_dir}", f"data.seq_len={SEQ_LEN}")
-    return CurvesOptions(preset="tiny", blocks=str(blocks), overrides=data + TRAIN, device="cpu", **kwargs)
+def _options(blocks: Path, **kwargs) -> CurvesOptions:
+    return CurvesOptions(preset="tiny", blocks=str(blocks), overrides=(f"data.seq_len={SEQ_LEN}",) + TRAIN, device="cpu",
+                         **kwargs)
+
+
+def _pack(corpus: Path, tokenizer_dir: Path, out: Path) -> dict:
+    return pack(PackOptions(seq_len=SEQ_LEN, out=str(out), corpus=(str(corpus),), tokenizer=str(tokenizer_dir)))
 
 
 @pytest.fixture(scope="module")
 def packed(corpus, tokenizer_dir, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("blocks")
-    cfg = resolve("tiny", overrides=[f"data.paths=[{corpus}]", f"data.tokenizer_dir={tokenizer_dir}"])
-    pack_corpus(cfg, folder)
+    _pack(corpus, tokenizer_dir, folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([BLOCKS_FILE, META_FILE, TOKENIZER_FILE])
     return folder
 
 
@@ -55,16 +59,16 @@ def test_packing_is_the_streams_and_does_not_depend_on_rays_order(packed, corpus
     special = SpecialTokens()
     assert blocks.shape == (meta["blocks"], SEQ_LEN) and (blocks[:, 0] == special.cls).all()
     assert meta["tokens"] == int((blocks != special.pad).sum()) and meta["vocab_size"] == 1000
-    assert (packed / "tokenizer.json").read_bytes() == (tokenizer_dir / "tokenizer.json").read_bytes()
-    again = tmp_path / "again"
-    pack_corpus(resolve("tiny", overrides=[f"data.paths=[{corpus}]", f"data.tokenizer_dir={tokenizer_dir}"]), again)
-    assert np.array_equal(np.load(again / BLOCKS_FILE), blocks)
+    assert (packed / TOKENIZER_FILE).read_bytes() == (tokenizer_dir / TOKENIZER_FILE).read_bytes()
+    _pack(corpus, tokenizer_dir, tmp_path / "again")
+    assert np.array_equal(np.load(tmp_path / "again" / BLOCKS_FILE), blocks)
 
 
-def test_blocks_of_another_length_are_refused(packed):
-    cfg = resolve("tiny", overrides=["data.seq_len=64"])
+def test_missing_blocks_or_blocks_of_another_length_say_what_to_run(packed, tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no packed blocks in {tmp_path}: .*python -m jobs.data.pack"):
+        load_blocks(tmp_path, SEQ_LEN)
     with pytest.raises(ValueError, match=f"{packed} holds blocks of {SEQ_LEN} tokens .* data.seq_len=64"):
-        load_blocks(cfg, packed)
+        load_blocks(packed, 64)
 
 
 def test_heldout_blocks_are_a_seeded_disjoint_draw():
@@ -76,9 +80,9 @@ def test_heldout_blocks_are_a_seeded_disjoint_draw():
     assert split_heldout(blocks, seed=3)[1].equal(heldout) and not split_heldout(blocks, seed=4)[1].equal(heldout)
 
 
-def test_training_writes_curves_with_heldout_accuracies_and_a_figure(packed, corpus, tokenizer_dir, tmp_path, capsys):
+def test_training_writes_curves_with_heldout_accuracies_and_a_figure(packed, tmp_path, capsys):
     out = tmp_path / "cocolm.csv"
-    rows = run(_options(corpus, tokenizer_dir, packed, out=str(out)))
+    rows = run(_options(packed, out=str(out)))
     printed = capsys.readouterr().out
     with out.open() as handle:
         written = list(csv.DictReader(handle))
@@ -96,8 +100,8 @@ def test_training_writes_curves_with_heldout_accuracies_and_a_figure(packed, cor
     assert figure.stat().st_size > 10_000
 
 
-def test_the_variant_decides_the_heads_judged(packed, corpus, tokenizer_dir, tmp_path):
-    rows = run(dataclasses.replace(_options(corpus, tokenizer_dir, packed, out=str(tmp_path / "r.csv")), variant="roberta_mlm"))
+def test_the_variant_decides_the_heads_judged(packed, tmp_path):
+    rows = run(dataclasses.replace(_options(packed, out=str(tmp_path / "r.csv")), variant="roberta_mlm"))
     assert set(left_prior(rows)) == {"mlm_accuracy"}
 
 
@@ -108,10 +112,10 @@ def test_left_prior_is_the_first_logged_step_above_the_threshold():
     assert LEFT_PRIOR["aux_mlm_accuracy"] == 0.10
 
 
-def test_training_needs_neither_ray_nor_mlflow():
+def test_training_needs_neither_ray_nor_mlflow_nor_pandas():
     """What lets a GPU machine with only torch and transformers run the probe."""
     code = ("import sys, jobs.studies.curves; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow')); assert not bad, bad")
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow', 'pandas')); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 

@@ -63,7 +63,7 @@ def test_every_preset_resolves_with_every_variant():
             assert cfg.model.hidden_size % cfg.model.num_heads == 0
     assert resolve("tiny", "crop_0.7").data.crop_fraction == 0.7
     assert resolve("base", "no_rel_pos").model.relative_position is False
-    assert set(available_presets()) == {"tiny", "small", "base", "base++", "large++"}
+    assert set(available_presets()) == {"tiny", "small", "study", "base", "base++", "large++"}
 
 
 def test_yaml_variants_extend_a_built_in_one(tmp_path, monkeypatch):

@@ -1,32 +1,30 @@
 """Learning curves of a pretraining recipe with plain PyTorch: the probe for presets whose heads learn
 within a short study (docs/design.md section 5.4).
 
-    python -m jobs.studies.curves --preset study --blocks work/blocks [--variant cocolm] [--set key=value ...]
+    python -m jobs.data.pack --seq-len 128 --vocab-size 8192 --out work/blocks-study       # once, with Ray
+    python -m jobs.studies.curves --preset study --blocks work/blocks-study [--variant cocolm] [--set key=value ...]
         [--out work/curves/NAME.csv] [--device cuda]
     python -m jobs.studies.curves --plot work/curves/a.csv work/curves/b.csv --out curves.png
 
-The first run with a fresh `--blocks` folder packs the corpus into it once with the job's own Ray Data
-stream (read -> clean -> tokenize -> pack) and the preset's tokenizer. Every run after that reads the
-packed blocks and needs neither Ray nor MLflow, so a GPU machine with only torch and transformers
+The blocks are packed once by the job's own Ray Data stream (`jobs.data.pack`); the probe reads them
+with numpy and needs neither Ray, MLflow nor pandas, so a GPU machine with only torch and transformers
 installed runs it: copy the folder there. Training is the job's: the preset, variant and `--set`
 overrides resolve as `python -m jobs.pretraining` resolves them, and every step is
 `model.step.TrainingStep` (bf16 autocast on CUDA, accumulation, clipping, AdamW, warm-up and linear
 decay) on the variant's objective. Only the batching differs: the blocks are shuffled per epoch
 here, and each batch is corrupted with one generator instead of one per block.
 
-A line per `train.log_every` steps gives the step, epoch, losses, accuracies on the training batches
-and on a fixed held-out set of blocks, tokens/s and the time left; the same numbers go to the CSV
-(one row per interval), and a figure of the accuracies next to it when matplotlib is installed. At
-the end each head's held-out accuracy is judged against `LEFT_PRIOR`: the first logged step above it,
-or "never".
+A line per `train.log_every` steps gives the step, epoch, loss, held-out accuracies (a fixed, seeded
+5% of the blocks, at most 512, in eval mode), tokens/s and the time left; the CSV holds the same
+interval's means on the training batches and on the held-out blocks, and a figure of the
+accuracies goes next to it when matplotlib is installed. At the end each head's held-out accuracy is
+judged against `LEFT_PRIOR`: the first logged step above it, or "never".
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +33,13 @@ import numpy as np
 import torch
 
 from jobs.cli import option, parse_options, run_main
+from jobs.data.packed import load_blocks
 from jobs.pretraining.config import PretrainConfig, resolve, with_vocab_size
+from jobs.studies.figures import pyplot, save
 from model import build_pretraining_model, make_pretraining_batch
 from model.encoder import compile_encoders
 from model.step import Interval, TrainingStep, build_optimizer
 
-BLOCKS_FILE, META_FILE = "blocks.npy", "blocks.json"
 HELDOUT_FRACTION, HELDOUT_MAX = 0.05, 512  # blocks kept out of training for the held-out accuracies
 # A head has left its prior once its held-out accuracy passes these. The MLM-style accuracies start at
 # the unigram plateau (5-6% on the shipped corpus: the most frequent pieces), so 0.10 is about twice
@@ -59,7 +58,7 @@ class CurvesOptions:
     overrides: tuple[str, ...] = field(default=(), metadata=option(
         "override a config key, as the pretraining job takes it", flag="--set", repeat=True, metavar="KEY=VALUE"))
     blocks: str = field(default="work/blocks", metadata=option(
-        "folder of packed blocks; packed here from the preset's corpus and tokenizer (with Ray) when empty"))
+        "folder of packed blocks from `python -m jobs.data.pack` at the preset's data.seq_len"))
     out: str | None = field(default=None, metadata=option(
         "CSV of the curves (default: work/curves/<preset>-<variant>.csv); with --plot, the figure"))
     device: str | None = field(default=None, metadata=option("cuda or cpu (default: cuda when there is one)"))
@@ -68,49 +67,6 @@ class CurvesOptions:
 
 
 # ---------------------------------------------------------------- packed blocks
-
-
-def pack_corpus(cfg: PretrainConfig, folder: Path) -> None:
-    """The corpus through the job's Ray Data stream into `folder`: blocks.npy, tokenizer.json and blocks.json."""
-    import ray
-
-    from jobs.data.corpus import skip_summary
-    from jobs.data.stream import build_stream
-    from jobs.data.tokenizer import resolve_tokenizer
-    from jobs.data.tokens import load_tokenizer
-    from jobs.ray_session import init_ray
-
-    started = not ray.is_initialized()
-    init_ray()
-    tokenizer_dir = resolve_tokenizer(cfg.data)
-    stream = build_stream(cfg.data, tokenizer_dir)
-    parts = [b["input_ids"] for b in stream.blocks.iter_batches(batch_size=None, batch_format="numpy")]
-    if not parts:
-        raise ValueError(f"the corpus {cfg.data.paths or 'data/corpus'} gave no blocks")
-    blocks = np.concatenate(parts)
-    blocks = blocks[np.lexsort(blocks.T[::-1])]  # Ray delivers in any order; the file should not depend on it
-    print(skip_summary(stream.skips).format())
-    if started:  # a session the caller opened stays open
-        ray.shutdown()
-    folder.mkdir(parents=True, exist_ok=True)
-    np.save(folder / BLOCKS_FILE, blocks.astype(np.int32))
-    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
-    meta = {"seq_len": int(blocks.shape[1]), "vocab_size": load_tokenizer(str(tokenizer_dir)).get_vocab_size(),
-            "blocks": int(len(blocks)), "tokens": int((blocks != 0).sum()), "corpus": list(cfg.data.paths) or "shipped"}
-    (folder / META_FILE).write_text(json.dumps(meta, indent=1))
-    print(f"packed {meta['blocks']:,} blocks of {meta['seq_len']} ({meta['tokens']:,} tokens, vocabulary "
-          f"{meta['vocab_size']:,}) into {folder}")
-
-
-def load_blocks(cfg: PretrainConfig, folder: Path) -> tuple[np.ndarray, dict]:
-    """The packed blocks and their description; packs them first when the folder has none."""
-    if not (folder / BLOCKS_FILE).is_file():
-        pack_corpus(cfg, folder)
-    meta = json.loads((folder / META_FILE).read_text())
-    if meta["seq_len"] != cfg.data.seq_len:
-        raise ValueError(f"{folder} holds blocks of {meta['seq_len']} tokens and this run wants data.seq_len="
-                         f"{cfg.data.seq_len}: give another --blocks folder")
-    return np.load(folder / BLOCKS_FILE), meta
 
 
 def split_heldout(blocks: np.ndarray, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,23 +177,25 @@ def left_prior(rows: list[dict]) -> dict[str, int | None]:
 # ---------------------------------------------------------------- figure
 
 
+def read_curves(path: Path) -> dict[str, np.ndarray]:
+    """A probe CSV as columns of floats (empty cells, such as a head a variant lacks, as NaN)."""
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return {key: np.array([float(r[key]) if r[key] else math.nan for r in rows]) for key in (rows[0] if rows else {})}
+
+
 def plot(paths: list[Path], out: Path) -> Path:
     """One panel per plotted accuracy (held-out where logged), a line per CSV."""
-    import pandas as pd
-
-    from jobs.studies.figures import pyplot, save
-
-    curves = {path.stem: pd.read_csv(path) for path in paths}
-    metrics = [m for m in PLOTTED if any(f"heldout_{m}" in df or m in df for df in curves.values())]
+    curves = {path.stem: read_curves(path) for path in paths}
+    metrics = [m for m in PLOTTED if any(f"heldout_{m}" in c or m in c for c in curves.values())]
     plt = pyplot()
-    columns = min(3, len(metrics))
-    fig, axes = plt.subplots(math.ceil(len(metrics) / columns), columns, figsize=(4.2 * columns, 3.2 * math.ceil(len(metrics) / columns)),
-                             squeeze=False)
+    columns, lines = min(3, len(metrics)), math.ceil(len(metrics) / 3)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.2 * lines), squeeze=False)
     for ax, metric in zip(axes.flat, metrics):
-        for label, df in curves.items():
-            key = f"heldout_{metric}" if f"heldout_{metric}" in df else metric
-            if key in df:
-                ax.plot(df["step"], df[key], label=label)
+        for label, columns_of in curves.items():
+            key = f"heldout_{metric}" if f"heldout_{metric}" in columns_of else metric
+            if key in columns_of:
+                ax.plot(columns_of["step"], columns_of[key], label=label)
         if metric in LEFT_PRIOR:
             ax.axhline(LEFT_PRIOR[metric], color="grey", linestyle=":", linewidth=1)
         ax.set_title(metric, fontsize=9)
@@ -258,10 +216,8 @@ def run(opts: CurvesOptions) -> list[dict]:
             raise FileNotFoundError(f"no such CSV: {', '.join(missing)}")
         print(plot([Path(p) for p in opts.plot], Path(opts.out or "curves.png")))
         return []
-    cfg = resolve(opts.preset, opts.variant, list(opts.overrides))
-    if cfg.train.global_batch % cfg.data.batch_size:
-        raise ValueError(f"train.global_batch={cfg.train.global_batch} is not a multiple of data.batch_size={cfg.data.batch_size}")
-    blocks, meta = load_blocks(cfg, Path(opts.blocks))
+    cfg = resolve(opts.preset, opts.variant, list(opts.overrides))  # checks global_batch against batch_size
+    blocks, meta = load_blocks(Path(opts.blocks), cfg.data.seq_len)
     cfg = with_vocab_size(cfg, meta["vocab_size"])
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = Path(opts.out or f"work/curves/{opts.preset}-{opts.variant}.csv")
@@ -272,8 +228,8 @@ def run(opts: CurvesOptions) -> list[dict]:
     print(f"curves: {out}")
     try:
         print(f"figure: {plot([out], out.with_suffix('.png'))}")
-    except ImportError:
-        print("figure: skipped (matplotlib is not installed here; --plot draws it where it is)")
+    except ImportError:  # matplotlib is optional: a bare GPU machine has none
+        print("figure: skipped (no matplotlib here; `--plot` draws it where there is)")
     return rows
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # the figures themselves need numpy and matplotlib only (jobs.studies.curves runs without pandas)
+    import pandas as pd
 
 
 def pyplot():
