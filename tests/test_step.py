@@ -2,6 +2,7 @@
 accumulation, clipping and the update checked against the same arithmetic written out by hand; a
 non-finite gradient skips the update; the job and the benchmark share it; it needs no Ray."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,8 @@ def test_the_job_and_the_benchmark_run_the_same_step(monkeypatch):
     """The Ray worker loop builds `model.step.TrainingStep` (the module is imported by name, so a copy
     would show), and the benchmark's timed calls are that class's optimizer steps."""
     train_loop_source = (ROOT / "jobs" / "pretraining" / "loop.py").read_text()
-    assert "from model.step import TrainingStep" in train_loop_source and "TrainingStep(" in train_loop_source
+    assert re.search(r"^from model\.step import [^\n]*\bTrainingStep\b", train_loop_source, re.MULTILINE)
+    assert "TrainingStep(" in train_loop_source
     updates = []
     original = step_module.TrainingStep.update
 
