@@ -4,8 +4,9 @@
 
 The blocks come from the pretraining job's own Ray Data stream (read -> clean -> tokenize -> pack) and
 tokenizer (trained for the corpus and cached when none is given, as the job does), so the probe
-trains on what the job would: give the preset's data.seq_len and data.vocab_size. Ray delivers blocks in any order; they are sorted before
-saving, so the same corpus and settings always write the same file.
+trains on what the job would: give the preset's data.seq_len and data.vocab_size. Ray delivers
+blocks in any order; they are sorted before saving, so the same corpus and settings always write
+the same file.
 """
 
 from __future__ import annotations

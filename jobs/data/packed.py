@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from model.corruption import SpecialTokens
+
 BLOCKS_FILE, META_FILE, TOKENIZER_FILE = "blocks.npy", "blocks.json", "tokenizer.json"
 
 
@@ -25,7 +27,7 @@ def save_blocks(blocks: np.ndarray, tokenizer_dir: Path, vocab_size: int, corpus
     np.save(folder / BLOCKS_FILE, blocks.astype(np.int32))
     shutil.copy(tokenizer_dir / TOKENIZER_FILE, folder / TOKENIZER_FILE)
     meta = {"seq_len": int(blocks.shape[1]), "vocab_size": vocab_size, "blocks": int(len(blocks)),
-            "tokens": int((blocks != 0).sum()), "corpus": corpus}
+            "tokens": int((blocks != SpecialTokens().pad).sum()), "corpus": corpus}
     (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -35,9 +37,9 @@ def load_blocks(folder: Path, seq_len: int) -> tuple[np.ndarray, dict]:
     error that says how to make the right ones."""
     if not (folder / BLOCKS_FILE).is_file():
         raise FileNotFoundError(f"no packed blocks in {folder}: pack them first with "
-                                f"`python -m jobs.data.pack --preset NAME --out {folder}`")
+                                f"`python -m jobs.data.pack --seq-len {seq_len} --vocab-size V --out {folder}`")
     meta = json.loads((folder / META_FILE).read_text())
     if meta["seq_len"] != seq_len:
         raise ValueError(f"{folder} holds blocks of {meta['seq_len']} tokens and this run wants data.seq_len="
-                         f"{seq_len}: pack another folder with that --set data.seq_len")
+                         f"{seq_len}: pack another folder with `python -m jobs.data.pack --seq-len {seq_len}`")
     return np.load(folder / BLOCKS_FILE), meta

@@ -66,7 +66,7 @@ class CurvesOptions:
         "draw these CSVs into one figure (--out) instead of training", many=True))
 
 
-# ---------------------------------------------------------------- packed blocks
+# ---------------------------------------------------------------- held-out blocks
 
 
 def split_heldout(blocks: np.ndarray, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
