@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 from tokenizers import Tokenizer
 
-from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
-
 from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task_metric
-from jobs.tracking import experiment_id
 from model import Encoder, EncoderConfig
 from model.export import export_encoder
+
+# MLflow is imported where a fixture uses it: `python -m pytest -m gpu` runs on GPU machines that have
+# torch, transformers and pytest but no MLflow or Ray, and this file is loaded by every run.
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 # The number of logical CPUs Ray gets in tests: 2, the size of the smallest machine we support, so
 # the suite proves that the stream (fractional-CPU tasks) cannot starve or deadlock there.
@@ -113,6 +115,8 @@ def sentiment_file(path: Path, n: int = 100) -> Path:
 def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: dict[str, list[float]],
                          preset: str = "tiny") -> str:
     """A finished pretraining run as jobs.pretraining leaves it: tags and loss curves (step 10, 20, ...)."""
+    from mlflow.entities import Metric
+
     run_id = client.create_run(exp, run_name=f"{preset}-{variant}", tags={
         KIND_TAG: KIND_PRETRAINING, "preset": preset, "variant": variant}).info.run_id
     client.log_batch(run_id, metrics=[Metric(k, v, 0, 10 * (i + 1)) for k, vs in curves.items()
@@ -124,6 +128,10 @@ def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: d
 def pretraining_run_with_encoder(tmp_path: Path, exported: Path) -> tuple[str, MlflowClient, str]:
     """A fresh sqlite store holding a finished pretraining run with the exported encoder, as
     jobs.pretraining.job leaves it: (tracking URI, client, run id)."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.tracking import experiment_id
+
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri)
     run_id = client.create_run(experiment_id(client, "pretraining", tracking_uri), run_name="tiny").info.run_id

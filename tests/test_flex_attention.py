@@ -89,8 +89,8 @@ def test_flex_without_relative_bias_masks_padding_only(flex_backward_on_cpu):
 
 def small_encoder(relative_position: bool = True, **overrides) -> Encoder:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
-                      relative_position=relative_position, max_positions=160, **overrides).main
+    shape = dict(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_positions=160)
+    cfg = ModelConfig(relative_position=relative_position, **{**shape, **overrides}).main
     return Encoder(cfg)
 
 
@@ -288,20 +288,26 @@ def test_compiled_flex_on_cuda_matches_reference(dtype, tolerance, seq_len):
 
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.gpu
-def test_encoder_flex_matches_sdpa_on_cuda_under_autocast(compiled):
-    enc = small_encoder(attention_dropout=0.0).cuda().eval()
+def test_encoder_flex_under_autocast_is_as_accurate_as_sdpa_on_cuda(compiled, fresh_flex_state):
+    """The whole encoder under bf16 autocast, flex against SDPA, each measured against the same encoder
+    in fp32: flex may not be less accurate than SDPA (bf16 rounding alone puts some parameters'
+    gradients 5-10% off, for both, so the two bf16 paths are not compared with each other)."""
+    # 2 heads of 16: Triton's flex kernels need a head size of at least 16 (with 4 heads of 8 the probe
+    # fails, the encoder falls back to SDPA, and the comparison would be SDPA against itself).
+    enc = small_encoder(attention_dropout=0.0, num_heads=2).cuda().eval()
     ids, mask = (t.cuda() for t in padded_ids())
     assert resolve_attention(enc.attention_implementation, ids.device, dropout_active=False) == "flex"
     if compiled:
         compile_encoders(enc)
     params = list(enc.parameters())
     results = {}
-    for implementation in ("flex", "sdpa"):
+    for implementation, autocast in (("flex", True), ("sdpa", True), ("sdpa", False)):
         enc.set_attention(implementation)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out = enc(ids, mask)
-        results[implementation] = out, torch.autograd.grad(out[mask].float().square().sum(), params)
-    (fast, g_fast), (slow, g_slow) = results["flex"], results["sdpa"]
-    assert relative_error(fast[mask], slow[mask]) < 2e-2
-    for (name, _), a, b in zip(enc.named_parameters(), g_fast, g_slow):
-        assert relative_error(a, b) < 5e-2, name
+        results[implementation, autocast] = out, torch.autograd.grad(out[mask].float().square().sum(), params)
+    assert attention_module.flex_failure() is None  # flex ran: no fallback to SDPA
+    (flex, g_flex), (sdpa, g_sdpa), (exact, g_exact) = results.values()
+    assert relative_error(flex[mask], exact[mask]) < max(2 * relative_error(sdpa[mask], exact[mask]), 1e-2)
+    for (name, _), a, b, ref in zip(enc.named_parameters(), g_flex, g_sdpa, g_exact):
+        assert relative_error(a, ref) < max(2 * relative_error(b, ref), 1e-2), name
