@@ -83,15 +83,22 @@ MASK_ALIGNMENT = 16
 
 
 def attention_bias(
-    attention_mask: torch.Tensor,  # (B, T) bool, True on real tokens
+    attention_mask: torch.Tensor | None,  # (B, T) bool, True on real tokens; None: no padding anywhere
     position_bias: torch.Tensor | None,  # (1, heads, T, T) or None
     dtype: torch.dtype,  # q's dtype: the fused kernels take a float mask only in the dtype of q
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """One additive float mask: relative bias plus -inf on padding keys. (B, heads or 1, T, T)
 
-    Laid out for SDPA's fused GPU kernels: last stride 1 and every other stride a multiple of
-    `MASK_ALIGNMENT`, the row length padded in memory (not in shape) where T is not a multiple of it.
+    Without padding (`attention_mask` None: packed pretraining blocks) it is the relative bias alone,
+    (1, heads, T, T), broadcast over the batch inside the kernel: its gradient is then one (heads, T, T)
+    per layer instead of (B, heads, T, T) to write and sum (base, T=512, B=32: 200 MB per layer call
+    in bf16), and with neither padding nor relative bias there is no mask at all, so SDPA may take
+    its flash kernel. Laid out for SDPA's fused GPU kernels: last stride 1 and every other stride a
+    multiple of `MASK_ALIGNMENT`, the row length padded in memory (not in shape) where T is not a
+    multiple of it.
     """
+    if attention_mask is None:
+        return None if position_bias is None else aligned_rows(position_bias.to(dtype))
     padding = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
     padding = padding.masked_fill(~attention_mask, float("-inf"))[:, None, None, :]  # (B, 1, 1, T)
     mask = padding if position_bias is None else position_bias.to(dtype) + padding
@@ -117,13 +124,13 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 class FlexBias:
     """What the flex path reads in place of the dense additive mask."""
 
-    block_mask: BlockMask  # padding keys, in blocks of 128 x 128; fully real blocks skip the mask
+    block_mask: BlockMask | None  # padding keys, in blocks of 128 x 128 (fully real blocks skip the mask); None: no padding
     position_bias: torch.Tensor | None  # (heads, T, T), contiguous; None without the relative bias
     kernel_options: dict[str, int] | None = None  # Triton block sizes for a GPU (`flex_kernel_options`)
 
 
 def flex_bias(
-    attention_mask: torch.Tensor,  # (B, T) bool, True on real tokens
+    attention_mask: torch.Tensor | None,  # (B, T) bool, True on real tokens; None: no padding anywhere
     position_bias: torch.Tensor | None,  # (1, heads, T, T) or None
     kernel_options: dict[str, int] | None = None,
 ) -> FlexBias:
@@ -136,27 +143,31 @@ def flex_bias(
     12 x 512 x 512 x 4 B = 12 MiB, which stays in an H100's 50 MiB L2. Its gradient reaches the table
     through the ordinary embedding backward.
     """
+    bias = None if position_bias is None else position_bias[0].contiguous()  # (heads, T, T), the table's dtype
+    if attention_mask is None:
+        return FlexBias(None, bias, kernel_options)
     batch, seq_len = attention_mask.shape
 
     def key_is_real(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
         return attention_mask[b, k_idx]
 
     block_mask = create_block_mask(key_is_real, batch, None, seq_len, seq_len, device=attention_mask.device)
-    bias = None if position_bias is None else position_bias[0].contiguous()  # (heads, T, T), the table's dtype
     return FlexBias(block_mask, bias, kernel_options)
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout_p: float = 0.0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dropout_p: float = 0.0
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + bias) v, written out; (B, heads, T, d) in and out."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias  # (B, heads, T, T)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, T, T)
+    if bias is not None:
+        scores = scores + bias
     probs = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
     return probs @ v
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout_p: float = 0.0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dropout_p: float = 0.0
 ) -> torch.Tensor:
     # SDPA scales q k^T by 1/sqrt(d) and then adds attn_mask: exactly the paper's order.
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
@@ -355,7 +366,7 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias, implementation: str = "sdpa") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias | None, implementation: str = "sdpa") -> torch.Tensor:
         """`bias` is `attention_bias(...)` for 'sdpa' and 'reference', `flex_bias(...)` for 'flex'."""
         batch, seq_len, width = x.shape
         q, k, v = self.qkv(x).view(batch, seq_len, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d)

@@ -77,7 +77,7 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias, implementation: str = "sdpa") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias | None, implementation: str = "sdpa") -> torch.Tensor:
         if self.pre_layer_norm:
             x = x + self.dropout(self.attention(self.attention_norm(x), bias, implementation))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))
@@ -114,7 +114,12 @@ class Encoder(nn.Module):
         check_attention_choice(implementation)
         self.attention_implementation = implementation
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, all_real: bool = False
+    ) -> torch.Tensor:
+        """`attention_mask` (B, T), True on real tokens, defaults to the non-[PAD] ids. `all_real` is the
+        caller's word that no row has padding (packed pretraining blocks: `model.objective.unpadded`):
+        attention then gets no padding term, only the relative bias, shared by the batch."""
         if attention_mask is None:
             attention_mask = input_ids != self.cfg.pad_token_id
         x = self.embeddings(input_ids)  # (B, T, E)
@@ -126,11 +131,12 @@ class Encoder(nn.Module):
         dtype = compute_dtype(x)  # q's dtype: bf16 under autocast while x stays fp32
         if implementation == "flex" and not self._flex_runs(x.device, dtype):
             implementation = "sdpa"
+        padding = None if all_real else attention_mask.bool()
         if implementation == "flex":
             options = device_flex_options(x.device, self.cfg.head_dim, dtype, _dtype_of(position_bias))
-            bias = flex_bias(attention_mask.bool(), position_bias, options)  # BlockMask + (h, T, T), for all layers
+            bias = flex_bias(padding, position_bias, options)  # BlockMask + (h, T, T), for all layers
         else:
-            bias = attention_bias(attention_mask.bool(), position_bias, dtype)  # (B, h or 1, T, T)
+            bias = attention_bias(padding, position_bias, dtype)  # (B or 1, h or 1, T, T), or None
         for layer in self.layers:
             x = layer(x, bias, implementation)
         return x if self.final_norm is None else self.final_norm(x)

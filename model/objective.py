@@ -28,9 +28,11 @@ class AuxiliaryModel(nn.Module):
         self.encoder = encoder
         self.mlm_head = MLMHead(encoder.cfg.hidden_size, encoder.embeddings.tokens, encoder.cfg.layer_norm_eps)
 
-    def forward(self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, masked_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor, all_real: bool = False
+    ) -> torch.Tensor:
         """MLM logits at the masked positions only, given as `masked_index(mask_positions)`: (N, V)."""
-        h = self.encoder(masked_ids, attention_mask)  # (B, T, H_aux)
+        h = self.encoder(masked_ids, attention_mask, all_real)  # (B, T, H_aux)
         return self.mlm_head(take(h, index))
 
 
@@ -42,6 +44,18 @@ def masked_index(mask: torch.Tensor) -> torch.Tensor:
     only such wait, and every selection after it is a gather (`take`) that the host need not wait for.
     """
     return mask.flatten().nonzero().squeeze(1)
+
+
+def unpadded(batch: dict[str, torch.Tensor]) -> bool:
+    """Whether no row of the batch, in either view (the block and its crop), has padding.
+
+    The stream packs every block full, so in pretraining this is True (the last block of a shard
+    aside), and the encoders then attend with the relative bias alone, shared by the batch (see
+    `model.attention.attention_bias`). The answer is the step's second host wait, taken right after
+    `masked_index`'s, when only these two reductions are queued: it costs the GPU no idle time.
+    """
+    views = [batch[key].all() for key in ("attention_mask", "crop_attention_mask") if key in batch]
+    return bool(torch.stack(views).all())
 
 
 def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -125,17 +139,18 @@ class PretrainingObjective(nn.Module):
         if self.cfg.replacement == "none":
             return self._roberta_mlm(batch, generator)
         out = PretrainingOutput(loss=torch.zeros((), device=batch["input_ids"].device))
-        index = masked_index(batch["mask_positions"])  # M as flat indices: the step's one host wait
-        corrupted = self._corrupt(batch, index, out, generator)  # x_mlm, (B, T)
-        h = self.main(corrupted, batch["attention_mask"])  # (B, T, H)
+        index = masked_index(batch["mask_positions"])  # M as flat indices: the step's one long host wait
+        all_real = unpadded(batch)
+        corrupted = self._corrupt(batch, index, out, generator, all_real)  # x_mlm, (B, T)
+        h = self.main(corrupted, batch["attention_mask"], all_real)  # (B, T, H)
         self._clm(batch, index, corrupted, h, out)
         if self.scl_head is not None:
-            self._scl(batch, h, out)
+            self._scl(batch, h, out, all_real)
         return out
 
     def _corrupt(
         self, batch: dict[str, torch.Tensor], index: torch.Tensor, out: PretrainingOutput,
-        generator: torch.Generator | None,
+        generator: torch.Generator | None, all_real: bool = False,
     ) -> torch.Tensor:
         """x_mlm: the masked positions filled with auxiliary samples (or uniform tokens); adds L_aux_MLM."""
         x_orig = batch["input_ids"]
@@ -143,7 +158,7 @@ class PretrainingObjective(nn.Module):
         if self.cfg.replacement == "random":
             drawn = random_replacements(targets.numel(), self.main.cfg.vocab_size, x_orig.device, generator)
         else:
-            drawn = self._aux_samples(batch, index, targets, out, generator)
+            drawn = self._aux_samples(batch, index, targets, out, generator, all_real)
         out.replaced_fraction = _mean(drawn != targets)
         return x_orig.flatten().index_copy(0, index, drawn).view_as(x_orig)
 
@@ -154,8 +169,9 @@ class PretrainingObjective(nn.Module):
         targets: torch.Tensor,
         out: PretrainingOutput,
         generator: torch.Generator | None,
+        all_real: bool = False,
     ) -> torch.Tensor:
-        inputs = (batch["masked_ids"], batch["attention_mask"], index)
+        inputs = (batch["masked_ids"], batch["attention_mask"], index, all_real)
         train_logits = None
         if not self.cfg.freeze_aux:
             train_logits = self.aux(*inputs)  # (N, V), dropout on
@@ -204,9 +220,11 @@ class PretrainingObjective(nn.Module):
         out.clm_loss = clm
         out.loss = out.loss + clm
 
-    def _scl(self, batch: dict[str, torch.Tensor], h: torch.Tensor, out: PretrainingOutput) -> None:
+    def _scl(
+        self, batch: dict[str, torch.Tensor], h: torch.Tensor, out: PretrainingOutput, all_real: bool = False
+    ) -> None:
         """SCL between the x_mlm view (already encoded) and the crop view; gradients through both."""
-        h_crop = self.main(batch["crop_ids"], batch["crop_attention_mask"])  # (B, Tc, H)
+        h_crop = self.main(batch["crop_ids"], batch["crop_attention_mask"], all_real)  # (B, Tc, H)
         s_mlm, s_crop = self.scl_head(h[:, 0]), self.scl_head(h_crop[:, 0])  # (B, H) from [CLS]
         gather = losses.all_gather_with_grad if self.cfg.scl_gather and _distributed() else None
         out.scl_loss = losses.scl_loss(s_mlm, s_crop, self.cfg.scl_temperature, gather)
@@ -218,10 +236,12 @@ class PretrainingObjective(nn.Module):
         """Baseline: RoBERTa's MLM. The main encoder reads the chosen positions as 80% [MASK], 10% random
         regular tokens, 10% unchanged, and is trained by plain MLM at all of them."""
         index = masked_index(batch["mask_positions"])
+        all_real = unpadded(batch)
         x_orig = batch["input_ids"]
         targets = take(x_orig, index)
         inputs = bert_mask_inputs(targets, self.main.cfg.vocab_size, generator)
-        h = self.main(x_orig.flatten().index_copy(0, index, inputs).view_as(x_orig), batch["attention_mask"])
+        x_masked = x_orig.flatten().index_copy(0, index, inputs).view_as(x_orig)
+        h = self.main(x_masked, batch["attention_mask"], all_real)
         logits = self.mlm_head(take(h, index))  # (N, V)
         loss = losses.mlm_loss(logits, targets)
         with torch.no_grad():

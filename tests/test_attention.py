@@ -114,6 +114,44 @@ def test_encoder_sdpa_path_equals_reference_path(relative_position):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_without_padding_the_mask_is_the_relative_bias_alone_shared_by_the_batch():
+    torch.manual_seed(0)
+    relative = RelativePositionBias(ModelConfig(vocab_size=60, hidden_size=32, num_heads=4).main)
+    bias = attention_bias(None, relative(20), torch.bfloat16)  # T = 20: rows padded in memory to 32
+    assert bias.shape == (1, 4, 20, 20) and bias.dtype == torch.bfloat16  # no batch dimension to write a gradient for
+    assert torch.equal(bias, relative(20).to(torch.bfloat16))
+    q = torch.zeros(3, 4, 20, 8, dtype=torch.bfloat16)
+    assert_fused_kernel_layout({"q": q, "k": q, "v": q, "mask": bias})
+    assert attention_bias(None, None, torch.float32) is None  # nothing to add: SDPA may take its flash kernel
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("implementation", ["sdpa", "reference", "flex"])
+@pytest.mark.parametrize("relative_position", [True, False])
+def test_encoder_all_real_equals_the_all_ones_mask(implementation, relative_position):
+    """`all_real` (no padding anywhere) drops the padding term; with an all-ones mask the general path
+    computes the same outputs and gradients (flex: outputs only, it has no CPU backward; its GPU
+    gradients are checked in test_flex_attention.py)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
+                      relative_position=relative_position, attention_dropout=0.0).main
+    enc = Encoder(cfg).eval()
+    enc.set_attention(implementation)
+    ids = torch.randint(5, 60, (3, 24))
+    ids[:, 0] = 2
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    params = list(enc.parameters())
+    with torch.set_grad_enabled(implementation != "flex"):
+        fast, general = enc(ids, mask, all_real=True), enc(ids, mask)
+    torch.testing.assert_close(fast, general, atol=1e-5, rtol=1e-5)
+    if implementation == "flex":
+        return
+    g_fast = torch.autograd.grad(fast.square().sum(), params)
+    g_general = torch.autograd.grad(general.square().sum(), params)
+    for a, b in zip(g_fast, g_general):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_padding_does_not_change_real_positions():
     torch.manual_seed(0)
     enc = Encoder(ModelConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64).main).eval()

@@ -50,20 +50,26 @@ def test_compiled_encoders_give_the_eager_loss_and_gradients_and_keep_checkpoint
 
 
 def test_a_compiled_step_never_recompiles_after_the_first():
-    """A COCO-LM step traces three layer graphs (training pass on the block and on the crop, no-grad
-    sampling pass on the block); later batches of the same shapes reuse them, whatever their masks and
-    padding (the stream pads a batch's last block)."""
+    """A COCO-LM step on packed blocks traces three layer graphs (training pass on the block and on
+    the crop, no-grad sampling pass on the block). A batch with padding (the stream pads the last
+    block of a shard) adds its own, where the mask is per row rather than shared by the batch; after
+    that, batches of either kind reuse their graphs, whatever their masks."""
     torch.compiler.reset()
     counters.clear()
     model, crop_fraction = no_dropout_model()
     compile_encoders(model, backend="aot_eager")
     model(random_batch(4, 48, 300, crop_fraction, seed=0)).loss.backward()
     assert counters["stats"]["unique_graphs"] == 3  # the auxiliary's layer shares the main layers' graphs
-    padded = random_batch(4, 48, 300, crop_fraction, seed=1)["input_ids"]
-    padded[-1, 29:] = SpecialTokens.pad
+
+    def padded_batch(seed: int, length: int) -> dict:
+        ids = random_batch(4, 48, 300, crop_fraction, seed=seed)["input_ids"]
+        ids[-1, length:] = SpecialTokens.pad
+        return make_pretraining_batch(ids, crop_fraction=crop_fraction)
+
+    model(padded_batch(1, 29)).loss.backward()
     with torch._dynamo.config.patch(error_on_recompile=True):
         model(random_batch(4, 48, 300, crop_fraction, seed=2)).loss.backward()
-        model(make_pretraining_batch(padded, crop_fraction=crop_fraction)).loss.backward()
+        model(padded_batch(3, 17)).loss.backward()
 
 
 def test_every_layer_of_every_encoder_is_compiled():

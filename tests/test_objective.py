@@ -6,7 +6,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import VARIANTS, ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size
 from model.corruption import SpecialTokens
-from model.objective import masked_index, take
+from model import objective as objective_module
+from model.objective import masked_index, take, unpadded
 
 TINY = model_size("tiny", vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, max_positions=64)
 
@@ -172,14 +173,59 @@ class HostWaits(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_a_training_step_makes_the_host_wait_once(name):
-    """One `masked_index` per step (two for all_token_lm, which also selects every real position):
-    each wait stalls a GPU until the host has queued its next kernels."""
+def test_a_training_step_makes_the_host_wait_only_at_the_start(name):
+    """One `masked_index` per step and, right behind it, whether the batch has padding (`unpadded`);
+    all_token_lm also selects every real position. Each wait stalls a GPU until the host has queued
+    its next kernels, so none may come in the middle of the encoders' work."""
     model = build(name)
     batch = fixed_batch(crop_fraction=VARIANTS[name].data.get("crop_fraction", 0.9))
     with HostWaits() as waits:
         model(batch).loss.backward()
-    assert waits.seen == ["aten.nonzero.default"] * (2 if name == "all_token_lm" else 1)
+    expected = ["aten.nonzero.default", "aten._local_scalar_dense.default"]
+    assert waits.seen == expected + ["aten.nonzero.default"] * (name == "all_token_lm")
+
+
+def packed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Full blocks, as the stream packs them: no padding in either view."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(SpecialTokens.mask + 1, TINY.vocab_size, (6, 24), generator=g)
+    ids[:, 0] = SpecialTokens.cls
+    return make_pretraining_batch(ids, generator=g)
+
+
+def test_unpadded_is_true_only_when_no_row_of_either_view_has_padding():
+    assert unpadded(packed_batch()) is True
+    assert unpadded(fixed_batch()) is False  # one row padded
+    batch = packed_batch()
+    batch["crop_attention_mask"][2, -1] = False
+    assert unpadded(batch) is False
+
+
+@pytest.mark.parametrize("name", ["cocolm", "roberta_mlm", "electra"])
+def test_the_padding_free_path_gives_the_same_losses_and_gradients(name, monkeypatch):
+    """On packed blocks the encoders attend with the relative bias alone (`unpadded`); forcing the
+    general path (the per-row padding mask, all real here) must give the same losses and gradients."""
+    model = build(name).eval()  # no dropout: both runs draw the same replacements from the same generator
+    calls = []
+    for encoder in (model.main, model.aux.encoder if model.aux is not None else None):
+        if encoder is not None:
+            encoder.register_forward_pre_hook(lambda module, args, kwargs: calls.append(args[2] if len(args) > 2 else
+                                                                                       kwargs.get("all_real", False)),
+                                              with_kwargs=True)
+    batch = packed_batch()
+    fast = model(batch, generator=torch.Generator().manual_seed(5))
+    assert calls and all(calls)  # every encoder pass took the padding-free path
+    fast_grads = grads(fast.loss, list(model.parameters()))
+    monkeypatch.setattr(objective_module, "unpadded", lambda batch: False)
+    calls.clear()
+    general = model(batch, generator=torch.Generator().manual_seed(5))
+    assert calls and not any(calls)
+    losses = [key for key in general.values() if key == "loss" or key.endswith("_loss")]
+    assert len(losses) >= 2  # the total and at least one term (accuracies are argmaxes: near ties may flip)
+    for key in losses:
+        torch.testing.assert_close(fast.values()[key], general.values()[key], atol=1e-5, rtol=1e-5, msg=key)
+    for a, b in zip(fast_grads, grads(general.loss, list(model.parameters()))):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_roberta_mlm_reads_80_10_10_inputs_and_is_trained_at_every_chosen_position():
