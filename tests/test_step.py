@@ -121,6 +121,17 @@ def test_the_step_and_the_benchmark_need_no_ray_or_mlflow():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
+def test_the_gpu_tests_collect_on_a_machine_without_ray_mlflow_or_pandas():
+    """GPU machines have torch, transformers and pytest only: `pytest -m gpu` must load conftest.py and
+    collect every gpu test there (None in sys.modules makes each of those imports fail)."""
+    code = ("import sys; sys.modules.update(ray=None, mlflow=None, pandas=None); import pytest; "
+            "sys.exit(pytest.main(['-m', 'gpu', '--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    collected = re.search(r"(\d+)/\d+ tests collected", result.stdout)
+    assert collected and int(collected.group(1)) >= 13, result.stdout[-2000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # the paper's setting (SDPA) and the fast one (flex)
 def test_the_default_step_runs_compiled_on_cuda(attention_dropout, monkeypatch):
