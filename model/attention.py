@@ -124,7 +124,7 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 class FlexBias:
     """What the flex path reads in place of the dense additive mask."""
 
-    block_mask: BlockMask | None  # padding keys, in blocks of 128 x 128 (fully real blocks skip the mask); None: no padding
+    block_mask: BlockMask | None  # padding keys in blocks of 128 x 128 (fully real blocks skip it); None: no padding
     position_bias: torch.Tensor | None  # (heads, T, T), contiguous; None without the relative bias
     kernel_options: dict[str, int] | None = None  # Triton block sizes for a GPU (`flex_kernel_options`)
 

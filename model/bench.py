@@ -36,8 +36,8 @@ own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, 
 schedule), so a step time here is the job's step time on the same batch. --compile compiles the
 encoder layers of both sides (`model.encoder.compile_encoders`: the step around them, with its
 data-dependent gathers and sampling, stays eager; it makes the host wait for the device at
-`model.objective.masked_index` (with `unpadded` right behind it) and for the finite-gradient check, and the peers' glue selects
-positions the same way).
+`model.objective.masked_index` (with `unpadded` right behind it) and for the finite-gradient
+check, and the peers' glue selects positions the same way).
 
 What each side computes per step (ours follows the variant; see `model.objective`):
   cocolm       auxiliary MLM (train pass + no-grad dropout-free sampling pass), main encoder on x_mlm

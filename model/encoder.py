@@ -77,7 +77,9 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias | None, implementation: str = "sdpa") -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor | FlexBias | None, implementation: str = "sdpa"
+    ) -> torch.Tensor:
         if self.pre_layer_norm:
             x = x + self.dropout(self.attention(self.attention_norm(x), bias, implementation))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))

@@ -207,11 +207,13 @@ def test_the_padding_free_path_gives_the_same_losses_and_gradients(name, monkeyp
     general path (the per-row padding mask, all real here) must give the same losses and gradients."""
     model = build(name).eval()  # no dropout: both runs draw the same replacements from the same generator
     calls = []
+
+    def record(module, args, kwargs):
+        calls.append(args[2] if len(args) > 2 else kwargs.get("all_real", False))
+
     for encoder in (model.main, model.aux.encoder if model.aux is not None else None):
         if encoder is not None:
-            encoder.register_forward_pre_hook(lambda module, args, kwargs: calls.append(args[2] if len(args) > 2 else
-                                                                                       kwargs.get("all_real", False)),
-                                              with_kwargs=True)
+            encoder.register_forward_pre_hook(record, with_kwargs=True)
     batch = packed_batch()
     fast = model(batch, generator=torch.Generator().manual_seed(5))
     assert calls and all(calls)  # every encoder pass took the padding-free path
