@@ -59,6 +59,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.fixture
+def fresh_flex_state(monkeypatch):
+    """The flex fallback's process-wide memory (`model.attention.flex_works`), emptied for one test and
+    restored after it: a failure left by another test would otherwise decide this one's path."""
+    from model import attention
+
+    monkeypatch.setattr(attention, "_flex_checked", {})
+    monkeypatch.setattr(attention, "_flex_failure", [])
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray with RAY_TEST_CPUS logical CPUs, shared by every test that needs Ray."""

@@ -205,13 +205,6 @@ def test_no_options_when_nothing_fits_and_none_off_cuda():
     assert device_flex_options(torch.device("cpu"), 64, torch.bfloat16, torch.float32) is None
 
 
-@pytest.fixture
-def fresh_flex_state(monkeypatch):
-    """The fallback's process-wide memory, emptied for one test and restored after it."""
-    monkeypatch.setattr(attention_module, "_flex_checked", {})
-    monkeypatch.setattr(attention_module, "_flex_failure", [])
-
-
 class SimulatedTritonError(RuntimeError):
     pass
 

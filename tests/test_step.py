@@ -134,14 +134,11 @@ def test_the_gpu_tests_collect_on_a_machine_without_ray_mlflow_or_pandas():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # the paper's setting (SDPA) and the fast one (flex)
-def test_the_default_step_runs_compiled_on_cuda(attention_dropout, monkeypatch):
+def test_the_default_step_runs_compiled_on_cuda(attention_dropout, fresh_flex_state):
     """The crash this guards against: the default path died at its first step on an H100 (flex tiles
     too large for shared memory). `small` has base's head size, so the same attention kernels."""
     from model import attention
 
-    # The fallback's memory is process-wide: a failure left by another test would hide this one's.
-    monkeypatch.setattr(attention, "_flex_checked", {})
-    monkeypatch.setattr(attention, "_flex_failure", [])
     result = bench.run(preset="small", seq_len=512, batch=4, steps=2, warmup=1, compile=True,
                        attention_dropout=attention_dropout)
     assert result.mfu is not None and result.mfu > 0
