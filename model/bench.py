@@ -35,9 +35,9 @@ FlexAttention has no attention dropout, so 'auto' uses it only while none is act
 own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, fused AdamW, the
 schedule), so a step time here is the job's step time on the same batch. --compile compiles the
 encoder layers of both sides (`model.encoder.compile_encoders`: the step around them, with its
-data-dependent gathers and sampling, stays eager; it makes the host wait for the device at
-`model.objective.masked_index` (with `unpadded` right behind it) and for the finite-gradient
-check, and the peers' glue selects positions the same way).
+data-dependent gathers and sampling, stays eager). The batch comes through the job's
+`model.objective.to_device`, so the masked positions are indexed on the host and no step makes
+the host wait for the device; the peers' glue selects positions the same way.
 
 What each side computes per step (ours follows the variant; see `model.objective`):
   cocolm       auxiliary MLM (train pass + no-grad dropout-free sampling pass), main encoder on x_mlm
@@ -69,7 +69,7 @@ from .corruption import SpecialTokens, make_pretraining_batch, sample_replacemen
 from .encoder import Encoder, compile_encoders
 from .flops import device_peak_flops, electra_peer_step_flops, roberta_peer_step_flops, step_flops
 from .losses import mlm_loss
-from .objective import build_pretraining_model, masked_index, take
+from .objective import build_pretraining_model, step_inputs, take, to_device
 from .step import OptimizerConfig, TrainingStep, build_optimizer
 from .variants import variant
 
@@ -224,7 +224,7 @@ def run(
         encoder.set_attention(attention)
     if compile:
         compile_encoders(model)
-    data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
+    data = to_device(random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction), dev)
     step = training_step(model, data, dev)
     flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
     return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
@@ -234,7 +234,7 @@ class ElectraPeer(nn.Module):
     """transformers' ELECTRA pretraining step. The generator's MLM head runs at the masked positions
     only, as ELECTRA's own code does (ElectraForMaskedLM.forward would project all T positions);
     replacements are sampled from its train-mode logits (detached), as ELECTRA does. Positions are
-    selected the way ours are (`masked_index` once, then gathers), so the comparison is of the models,
+    selected the way ours are (the host-side index, then gathers), so the comparison is of the models,
     not of how often the glue code makes the host wait."""
 
     def __init__(self, generator: nn.Module, discriminator: nn.Module):
@@ -251,7 +251,7 @@ class ElectraPeer(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         x_orig, real = batch["input_ids"], batch["attention_mask"].long()
-        index = masked_index(batch["mask_positions"])
+        index, _ = step_inputs(batch)
         targets = take(x_orig, index)  # (N,)
         h = self.generator.electra(batch["masked_ids"], attention_mask=real).last_hidden_state  # (B, T, H_gen)
         logits = self.generator.generator_lm_head(self.generator.generator_predictions(take(h, index)))  # (N, V)
@@ -274,7 +274,7 @@ class RobertaPeer(nn.Module):
         return list(self.mlm.roberta.encoder.layer)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        index = masked_index(batch["mask_positions"])
+        index, _ = step_inputs(batch)
         h = self.mlm.roberta(batch["masked_ids"], attention_mask=batch["attention_mask"].long()).last_hidden_state
         logits = self.mlm.lm_head(take(h, index))  # (N, V)
         return mlm_loss(logits, take(batch["input_ids"], index))
@@ -328,7 +328,7 @@ def run_peer(
     if compile:
         for layer in model.layers():  # per layer, as `compile_encoders` does for ours
             layer.compile(dynamic=False)
-    data = {k: v.to(dev) for k, v in random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction).items()}
+    data = to_device(random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction), dev)
     step = training_step(model, data, dev)
     flops = peer_step_flops(peer, model_cfg, seq_len, batch)
     return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)

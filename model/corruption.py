@@ -13,6 +13,9 @@ The batch contract between the stream and the training loop (all tensors on CPU 
     mask_positions  (B, T)  bool   M: never [CLS], never padding
     crop_ids        (B, Tc) int64  [CLS] + a contiguous span of input_ids, Tc = int(crop_fraction * T)
     crop_attention_mask (B, Tc) bool
+
+`model.objective.to_device` adds, computed on the host before the move, `masked_index` (N,) int64
+(M as flat indices) and `all_real` (a Python bool: no padding in either view).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ def masked_index(mask: torch.Tensor) -> torch.Tensor:
     """Flat indices of the True entries of a (B, T) mask, in the row-major order boolean indexing uses. (N,)
 
     Selecting with a boolean mask makes the host wait for the device (the result's size is data),
-    and a step selects the masked positions a dozen times. The step computes this index once, its
-    only such wait, and every selection after it is a gather (`take`) that the host need not wait for.
+    and a step selects the masked positions a dozen times. So the index is computed once, on the
+    host before the batch moves (`to_device`), and every selection after it is a gather (`take`).
     """
     return mask.flatten().nonzero().squeeze(1)
 
@@ -51,11 +51,32 @@ def unpadded(batch: dict[str, torch.Tensor]) -> bool:
 
     The stream packs every block full, so in pretraining this is True (the last block of a shard
     aside), and the encoders then attend with the relative bias alone, shared by the batch (see
-    `model.attention.attention_bias`). The answer is the step's second host wait, taken right after
-    `masked_index`'s, when only these two reductions are queued: it costs the GPU no idle time.
+    `model.attention.attention_bias`).
     """
     views = [batch[key].all() for key in ("attention_mask", "crop_attention_mask") if key in batch]
     return bool(torch.stack(views).all())
+
+
+def step_inputs(batch: dict) -> tuple[torch.Tensor, bool]:
+    """The two facts about a batch that a step needs on the host: M as flat indices (`masked_index`)
+    and whether the batch has no padding (`unpadded`). Read from the batch when `to_device` put them
+    there; otherwise computed here, which on a GPU makes the host wait for the device twice."""
+    if "masked_index" in batch:
+        return batch["masked_index"], batch["all_real"]
+    return masked_index(batch["mask_positions"]), unpadded(batch)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
+    """A CPU batch moved to `device` for a training step, with `step_inputs` computed on the host
+    first, where reading them costs nothing. The step then never waits for the device, so the host
+    queues the next step's kernels while the GPU still runs this one's. On CUDA the copies come
+    from pinned memory and do not block the host either."""
+    index, all_real = step_inputs(batch)
+    pinned = device.type == "cuda"
+    tensors = {**batch, "masked_index": index}
+    moved = {k: (v.pin_memory() if pinned else v).to(device, non_blocking=pinned) for k, v in tensors.items()
+             if torch.is_tensor(v)}
+    return {**moved, "all_real": all_real}
 
 
 def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -139,11 +160,10 @@ class PretrainingObjective(nn.Module):
         if self.cfg.replacement == "none":
             return self._roberta_mlm(batch, generator)
         out = PretrainingOutput(loss=torch.zeros((), device=batch["input_ids"].device))
-        index = masked_index(batch["mask_positions"])  # M as flat indices: the step's one long host wait
-        all_real = unpadded(batch)
+        index, all_real = step_inputs(batch)  # M as flat indices; no padding in either view
         corrupted = self._corrupt(batch, index, out, generator, all_real)  # x_mlm, (B, T)
         h = self.main(corrupted, batch["attention_mask"], all_real)  # (B, T, H)
-        self._clm(batch, index, corrupted, h, out)
+        self._clm(batch, index, corrupted, h, out, all_real)
         if self.scl_head is not None:
             self._scl(batch, h, out, all_real)
         return out
@@ -190,7 +210,7 @@ class PretrainingObjective(nn.Module):
 
     def _clm(
         self, batch: dict[str, torch.Tensor], index: torch.Tensor, corrupted: torch.Tensor, h: torch.Tensor,
-        out: PretrainingOutput,
+        out: PretrainingOutput, all_real: bool = False,
     ) -> None:
         """Copy loss on every real position and the LM loss at M (or everywhere for all_token_lm)."""
         cfg, real = self.cfg, batch["attention_mask"]
@@ -206,7 +226,9 @@ class PretrainingObjective(nn.Module):
             out.copy_accuracy_replaced = losses.masked_mean(~predicted_original, real & ~is_original)
             out.copy_accuracy_original = losses.masked_mean(predicted_original, real & is_original)
         if self.clm_head is not None:
-            where = masked_index(real) if cfg.lm_all_tokens else index
+            where = index
+            if cfg.lm_all_tokens:  # every real position: all of them in a padding-free batch, no host wait
+                where = torch.arange(real.numel(), device=real.device) if all_real else masked_index(real)
             lm_logits = self.clm_head(take(h, where))  # (N, V): vocabulary projection only where the LM loss is
             args = (lm_logits, take(copy_logits, where), take(corrupted, where))
             targets = take(x_orig, where)
@@ -235,8 +257,7 @@ class PretrainingObjective(nn.Module):
     def _roberta_mlm(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None) -> PretrainingOutput:
         """Baseline: RoBERTa's MLM. The main encoder reads the chosen positions as 80% [MASK], 10% random
         regular tokens, 10% unchanged, and is trained by plain MLM at all of them."""
-        index = masked_index(batch["mask_positions"])
-        all_real = unpadded(batch)
+        index, all_real = step_inputs(batch)
         x_orig = batch["input_ids"]
         targets = take(x_orig, index)
         inputs = bert_mask_inputs(targets, self.main.cfg.vocab_size, generator)

@@ -2,14 +2,17 @@
 
 Plain PyTorch (no Ray, no MLflow), so a GPU machine with only torch installed runs exactly the step
 the job runs: bf16 autocast on CUDA, backward of each micro-batch scaled by 1/accumulation (DDP's
-all-reduce skipped on all but the last), gradient clipping, the paper's AdamW (fused on CUDA) and
+all-reduce skipped on all but the last), gradient clipping, the paper's AdamW (fused) and
 the warm-up / linear-decay schedule. A non-finite gradient norm skips the update, so the weights
-and the last checkpoint stay good, and the caller decides to stop.
+and the last checkpoint stay good; the caller reads the norms at its next log line (`Interval`) and
+stops. Nothing in a step makes the host wait for the device, given a batch from
+`model.objective.to_device`: the host queues the next step while the GPU still runs this one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -56,10 +59,12 @@ def warmup_linear_decay(warmup: int, total: int) -> Callable[[int], float]:
 def build_optimizer(
     model: nn.Module, cfg: OptimizerConfig, device: torch.device
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `param_groups` (fused on CUDA: one kernel for all parameters) and its schedule."""
+    """AdamW over `param_groups` and its schedule. Fused (one kernel for all parameters, on CUDA and
+    CPU alike), because only the fused kernel can skip a non-finite update without the host reading
+    the gradient norm (`TrainingStep.update`)."""
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.peak_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_eps, fused=device.type == "cuda",
+        eps=cfg.adam_eps, fused=True,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.max_steps))
     return optimizer, scheduler
@@ -68,12 +73,27 @@ def build_optimizer(
 @dataclass
 class Interval:
     """Sums over one log interval, kept as device tensors so a micro-batch costs no device sync;
-    turned into means (NaN entries, such as an accuracy over an empty set, left out) when logged."""
+    turned into means (NaN entries, such as an accuracy over an empty set, left out) when logged.
+    Also each optimizer step's gradient norm, read all at once by `nonfinite`."""
 
     started: float = field(default_factory=time.perf_counter)
     steps: int = 0
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     counts: dict[str, torch.Tensor] = field(default_factory=dict)
+    grad_norms: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+    def record(self, step: int, grad_norm: torch.Tensor) -> None:
+        """One optimizer step of the interval, numbered `step`, with its norm (left on the device)."""
+        self.steps += 1
+        self.grad_norms.append((step, grad_norm))
+
+    def nonfinite(self) -> list[tuple[int, float]]:
+        """(step, norm) of every step so far whose gradient norm was not finite, so its update was
+        skipped: one host wait for the whole interval."""
+        if not self.grad_norms:
+            return []
+        norms = torch.stack([norm.float().reshape(()) for _, norm in self.grad_norms]).tolist()
+        return [(step, norm) for (step, _), norm in zip(self.grad_norms, norms) if not math.isfinite(norm)]
 
     def add(self, values: dict[str, torch.Tensor]) -> None:
         for key, value in values.items():
@@ -90,11 +110,10 @@ class Interval:
 @dataclass
 class StepResult:
     """One optimizer step: each micro-batch's values (detached, on the device) and the gradient norm
-    before clipping. `updated` is False when the norm was not finite and the update was skipped."""
+    before clipping, on the device; where it is not finite, the update was skipped."""
 
     values: list[dict[str, torch.Tensor]]
     grad_norm: torch.Tensor
-    updated: bool
 
 
 class TrainingStep:
@@ -117,6 +136,9 @@ class TrainingStep:
         # bf16 autocast on CUDA only: CPU runs (tests, laptops) stay fp32.
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and bf16)
         self._no_sync = getattr(model, "no_sync", None)
+        if not all(group.get("fused") for group in optimizer.param_groups):
+            raise ValueError("TrainingStep needs a fused optimizer (model.step.build_optimizer): only the fused "
+                             "kernel skips a non-finite update without the host reading the gradient norm")
 
     def micro_batch(self, batch: dict[str, torch.Tensor], last: bool) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro-batch (gradients accumulate); its values, still on the device."""
@@ -127,17 +149,22 @@ class TrainingStep:
             (loss / self.accumulation).backward()
         return out.values() if isinstance(out, PretrainingOutput) else {"loss": loss.detach().float()}
 
-    def update(self) -> tuple[torch.Tensor, bool]:
-        """Clip, then step the optimizer and the schedule unless the norm is not finite; gradients
-        are cleared either way. Returns the norm and whether the weights moved (one host wait)."""
+    def update(self) -> torch.Tensor:
+        """Clip, step the optimizer and the schedule, clear the gradients; returns the norm before
+        clipping, on the device.
+
+        Where the norm is not finite, the fused kernel leaves the weights and Adam's moments and step
+        count as they were (`found_inf`, as torch's GradScaler uses it), decided on the device, so the
+        host never waits here. The schedule moves on regardless: callers stop at their next check
+        (`Interval.nonfinite`). The norm is identical on every rank after DDP's all-reduce.
+        """
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
-        finite = bool(torch.isfinite(grad_norm))  # identical on every rank after DDP's all-reduce
-        if finite:
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
+        self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, finite
+        return grad_norm
 
     def __call__(self, batches: Iterable[dict[str, torch.Tensor]]) -> StepResult:
         """One optimizer step over `accumulation` micro-batches."""
@@ -145,5 +172,4 @@ class TrainingStep:
         if len(batches) != self.accumulation:
             raise ValueError(f"a step takes {self.accumulation} micro-batches, got {len(batches)}")
         values = [self.micro_batch(b, last=i == len(batches) - 1) for i, b in enumerate(batches)]
-        grad_norm, updated = self.update()
-        return StepResult(values, grad_norm, updated)
+        return StepResult(values, self.update())

@@ -7,7 +7,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from model import VARIANTS, ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size
 from model.corruption import SpecialTokens
 from model import objective as objective_module
-from model.objective import masked_index, take, unpadded
+from model.objective import masked_index, step_inputs, take, to_device, unpadded
+from model.step import OptimizerConfig, TrainingStep, build_optimizer
 
 TINY = model_size("tiny", vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, max_positions=64)
 
@@ -173,16 +174,38 @@ class HostWaits(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_a_training_step_makes_the_host_wait_only_at_the_start(name):
-    """One `masked_index` per step and, right behind it, whether the batch has padding (`unpadded`);
-    all_token_lm also selects every real position. Each wait stalls a GPU until the host has queued
-    its next kernels, so none may come in the middle of the encoders' work."""
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_a_training_step_on_a_batch_from_to_device_never_makes_the_host_wait(name, packed):
+    """The whole step (forward, backward, clipping, the fused update that skips a non-finite norm on
+    the device) reads nothing back from the device, so on a GPU the host queues the next step while
+    this one runs. Only all_token_lm on a padded batch (the last block of a shard) must select its
+    real positions. Without `to_device` the step works out the index itself: the old two waits."""
     model = build(name)
-    batch = fixed_batch(crop_fraction=VARIANTS[name].data.get("crop_fraction", 0.9))
+    optimizer, scheduler = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, torch.device("cpu"), clip_norm=1.0)
+    crop_fraction = VARIANTS[name].data.get("crop_fraction", 0.9)
+    batch = packed_batch() if packed else fixed_batch(crop_fraction=crop_fraction)
+    prepared = to_device(batch, torch.device("cpu"))
     with HostWaits() as waits:
-        model(batch).loss.backward()
-    expected = ["aten.nonzero.default", "aten._local_scalar_dense.default"]
-    assert waits.seen == expected + ["aten.nonzero.default"] * (name == "all_token_lm")
+        step([prepared])
+    assert waits.seen == ["aten.nonzero.default"] * (name == "all_token_lm" and not packed)
+    with HostWaits() as waits:
+        model(batch)
+    assert waits.seen[:2] == ["aten.nonzero.default", "aten._local_scalar_dense.default"]
+
+
+def test_to_device_computes_the_steps_host_inputs_on_the_host_and_changes_no_loss():
+    for batch in (packed_batch(), fixed_batch()):
+        prepared = to_device(batch, torch.device("cpu"))
+        assert torch.equal(prepared["masked_index"], masked_index(batch["mask_positions"]))
+        assert prepared["all_real"] is unpadded(batch)
+        assert step_inputs(prepared) == (prepared["masked_index"], prepared["all_real"])
+        assert all(torch.equal(prepared[k], batch[k]) for k in batch)
+        model = build().eval()
+        direct = model(batch, torch.Generator().manual_seed(3)).values()
+        moved = model(prepared, torch.Generator().manual_seed(3)).values()
+        assert direct.keys() == moved.keys()
+        assert all(torch.equal(direct[k], moved[k]) or direct[k].isnan() and moved[k].isnan() for k in direct)
 
 
 def packed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -201,7 +224,7 @@ def test_unpadded_is_true_only_when_no_row_of_either_view_has_padding():
     assert unpadded(batch) is False
 
 
-@pytest.mark.parametrize("name", ["cocolm", "roberta_mlm", "electra"])
+@pytest.mark.parametrize("name", ["cocolm", "roberta_mlm", "electra", "all_token_lm"])
 def test_the_padding_free_path_gives_the_same_losses_and_gradients(name, monkeypatch):
     """On packed blocks the encoders attend with the relative bias alone (`unpadded`); forcing the
     general path (the per-row padding mask, all real here) must give the same losses and gradients."""

@@ -1,6 +1,7 @@
 """`model.step.TrainingStep`, the step the pretraining job runs and the benchmark times: gradient
 accumulation, clipping and the update checked against the same arithmetic written out by hand; a
-non-finite gradient skips the update; the job and the benchmark share it; it needs no Ray."""
+non-finite gradient skips the update on the device, and `Interval` reports it; the job and the
+benchmark share it; it needs no Ray."""
 
 import re
 import subprocess
@@ -13,7 +14,7 @@ from torch import nn
 
 import model.step as step_module
 from model import bench
-from model.step import OptimizerConfig, TrainingStep, build_optimizer, param_groups, warmup_linear_decay
+from model.step import Interval, OptimizerConfig, TrainingStep, build_optimizer, param_groups, warmup_linear_decay
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = OptimizerConfig(peak_lr=0.1, warmup_steps=2, max_steps=10, weight_decay=0.01, clip_norm=0.5)
@@ -58,23 +59,40 @@ def test_an_accumulated_step_is_the_mean_gradient_clipped_then_adamw():
         decay = CFG.weight_decay if p.ndim == 2 else 0.0
         expected = p.detach() * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + CFG.adam_eps)
         torch.testing.assert_close(dict(model.named_parameters())[name].detach(), expected, msg=name)
-    assert result.updated and torch.isclose(result.grad_norm, norm)
+    assert torch.isclose(result.grad_norm, norm)
     assert [v["loss"].item() for v in result.values] == pytest.approx([reference(b).item() for b in data], rel=1e-6)
     assert scheduler.get_last_lr()[0] == pytest.approx(CFG.peak_lr)  # stepped once: warm-up step 2 of 2
     assert all(p.grad is None for p in model.parameters())  # cleared for the next step
 
 
-def test_a_non_finite_gradient_skips_the_update_and_the_schedule():
+def test_a_non_finite_gradient_skips_the_update_and_the_interval_reports_it():
+    """The fused AdamW skips the update where the norm is not finite (decided on the device), leaving
+    the weights and Adam's moments and step count as they were; `Interval.nonfinite` names the step."""
     model = Regression()
     optimizer, scheduler = build_optimizer(model, CFG, torch.device("cpu"))
     step = TrainingStep(model, model.parameters(), optimizer, scheduler, torch.device("cpu"), clip_norm=1.0)
+    interval = Interval()
+    interval.record(1, step(batches(1)).grad_norm)
     before = [p.detach().clone() for p in model.parameters()]
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
     bad = {"x": torch.full((3, 4), float("nan")), "y": torch.zeros(3)}
-    result = step([bad])
-    assert not result.updated and not torch.isfinite(result.grad_norm)
+    interval.record(2, step([bad]).grad_norm)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
-    assert scheduler.last_epoch == 0 and all(p.grad is None for p in model.parameters())
-    assert step(batches(1)).updated  # and the next good step trains
+    assert all(torch.equal(optimizer.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
+    assert all(optimizer.state[p]["step"].item() == 1 for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())
+    interval.record(3, step(batches(1)).grad_norm)  # and the next good step trains
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert all(optimizer.state[p]["step"].item() == 2 for p in model.parameters())
+    (skipped,) = interval.nonfinite()
+    assert skipped[0] == 2 and skipped[1] != skipped[1] and interval.steps == 3
+
+
+def test_the_step_needs_the_fused_optimizer():
+    model = Regression()
+    optimizer = torch.optim.AdamW(model.parameters())
+    with pytest.raises(ValueError, match="fused optimizer"):
+        TrainingStep(model, model.parameters(), optimizer, None, torch.device("cpu"), clip_norm=1.0)
 
 
 def test_a_step_takes_exactly_its_accumulation_of_micro_batches():
@@ -143,3 +161,29 @@ def test_the_default_step_runs_compiled_on_cuda(attention_dropout, fresh_flex_st
                        attention_dropout=attention_dropout)
     assert result.mfu is not None and result.mfu > 0
     assert attention.flex_failure() is None  # flex compiled with the chosen tiles; no fallback was needed
+
+
+@pytest.mark.gpu
+def test_a_compiled_step_on_cuda_never_makes_the_host_wait():
+    """CUDA's own check: with sync debug mode set to error, any call that makes the host wait for the
+    device (nonzero, .item(), a blocking copy) raises. The steps before it compile."""
+    from model import build_pretraining_model
+    from model.encoder import compile_encoders
+    from model.objective import to_device
+
+    model_cfg, objective_cfg, crop_fraction = bench.bench_config("small", "cocolm", None)
+    device = torch.device("cuda")
+    model = build_pretraining_model(model_cfg, objective_cfg).to(device).train()
+    compile_encoders(model)
+    batch = bench.random_batch(4, 512, model_cfg.vocab_size, crop_fraction)
+    step = bench.training_step(model, to_device(batch, device), device)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

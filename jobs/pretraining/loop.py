@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from model import PretrainingObjective, build_pretraining_model
 from model.encoder import compile_encoders
+from model.objective import to_device
 from model.flops import device_peak_flops, step_flops
 from model.step import Interval, TrainingStep, build_optimizer
 
@@ -185,25 +186,31 @@ def train_loop_per_worker(config: dict) -> None:
         # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
         batches = pretraining_batches(shard, cfg.data, state.epoch, drop_last=True, skip=state.batches_in_epoch)
         for batch in batches:
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            batch = to_device(batch, device)  # the step's host-side inputs computed before the copy
             micro += 1
             last = micro % accumulation == 0
             interval.add(step.micro_batch(batch, last))
             state.batches_in_epoch += 1
             if not last:
                 continue
-            grad_norm, updated = step.update()
-            if not updated:  # identical on every rank after DDP's all-reduce: all stop together
-                logger.stop(f"non-finite loss or gradient at step {state.step + 1} (grad norm {grad_norm.item()}); "
-                            f"the last good checkpoint is kept")
-                return
+            grad_norm = step.update()
             now = time.perf_counter()
             state.step += 1
             state.tokens_seen += cfg.train.global_batch * cfg.data.seq_len
             state.device_hours += (now - last_step_time) * (gpus or world_size) / 3600
             last_step_time = now
-            interval.steps += 1
-            if state.step % cfg.train.log_every == 0 or state.step == cfg.train.max_steps:
+            interval.record(state.step, grad_norm)
+            log_now = state.step % cfg.train.log_every == 0 or state.step == cfg.train.max_steps
+            if log_now or state.step % cfg.train.checkpoint_every == 0:
+                # The norms are read here, not per step (the host never waits inside a step); the
+                # updates they flag were skipped, and no checkpoint is written after them.
+                bad = interval.nonfinite()
+                if bad:  # identical on every rank after DDP's all-reduce: all stop together
+                    first, norm = bad[0]
+                    logger.stop(f"non-finite loss or gradient at step {first} (grad norm {norm}; "
+                                f"{len(bad)} such step(s) by step {state.step}); the last good checkpoint is kept")
+                    return
+            if log_now:
                 logger.log(state, interval, scheduler.get_last_lr()[0], grad_norm.item())
                 interval = Interval()
             if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.max_steps:

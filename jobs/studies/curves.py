@@ -38,6 +38,7 @@ from jobs.pretraining.config import PretrainConfig, resolve, with_vocab_size
 from jobs.studies.figures import pyplot, save
 from model import build_pretraining_model, make_pretraining_batch
 from model.encoder import compile_encoders
+from model.objective import to_device
 from model.step import Interval, TrainingStep, build_optimizer
 
 HELDOUT_FRACTION, HELDOUT_MAX = 0.05, 512  # blocks kept out of training for the held-out accuracies
@@ -89,8 +90,7 @@ def epoch_batches(blocks: torch.Tensor, batch_size: int, generator: torch.Genera
 
 
 def corrupted(ids: torch.Tensor, cfg: PretrainConfig, generator: torch.Generator, device: torch.device) -> dict:
-    batch = make_pretraining_batch(ids, cfg.data.mask_rate, cfg.data.crop_fraction, generator)
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    return to_device(make_pretraining_batch(ids, cfg.data.mask_rate, cfg.data.crop_fraction, generator), device)
 
 
 @torch.no_grad()
@@ -133,11 +133,13 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
             result = step(corrupted(next(source), cfg, generator, device) for _ in range(accumulation))
             for values in result.values:
                 interval.add(values)
-            interval.steps += 1
-            if not result.updated:
-                raise FloatingPointError(f"non-finite gradient at step {number} (norm {result.grad_norm.item()})")
+            interval.record(number, result.grad_norm)
             if number % cfg.train.log_every and number != cfg.train.max_steps:
                 continue
+            bad = interval.nonfinite()  # read once per log line: the step itself never waits for the device
+            if bad:
+                step_number, norm = bad[0]
+                raise FloatingPointError(f"non-finite gradient at step {step_number} (norm {norm}); its update was skipped")
             seconds = time.perf_counter() - interval.started
             row = {"step": number, "epoch": number * step_tokens / corpus_tokens,
                    "seconds": time.perf_counter() - started, "tokens_per_second": interval.steps * step_tokens / seconds,
