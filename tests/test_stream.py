@@ -154,6 +154,23 @@ def test_two_passes_of_the_ray_stream_give_the_same_batches(stream):
     assert by_block(1) != first
 
 
+def test_each_epoch_is_shuffled_afresh_across_sources_and_keeps_every_block(ray_local):
+    """The corpus arrives file by file; an epoch must mix the files (here two sources of 20 blocks,
+    in order), hold every block once, repeat for the same (seed, epoch) and differ for the next."""
+    blocks = ray.data.from_items([{"input_ids": np.full(8, 10 + i, dtype=np.int32)} for i in range(40)])
+    cfg = DataConfig(seq_len=8, batch_size=4, seed=3)
+
+    def order(epoch: int, config: DataConfig = cfg) -> list[int]:
+        return [int(row[0]) for b in pretraining_batches(blocks, config, epoch) for row in b["input_ids"]]
+
+    first = order(0)
+    assert sorted(first) == list(range(10, 50))
+    first_half = first[:20]
+    assert any(i < 30 for i in first_half) and any(i >= 30 for i in first_half)  # both sources early on
+    assert order(0) == first and order(1) != first
+    assert order(0, DataConfig(seq_len=8, batch_size=4, shuffle_buffer=0)) == list(range(10, 50))
+
+
 def test_skip_resumes_an_epoch_after_the_consumed_batches(ray_local):
     blocks = ray.data.from_items([{"input_ids": np.full(8, 10 + i, dtype=np.int32)} for i in range(10)])
     cfg = DataConfig(seq_len=8, batch_size=2)

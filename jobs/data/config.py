@@ -22,6 +22,12 @@ class DataConfig:
     seed: int = 0
     pack_batch_docs: int = 256  # documents tokenized and packed together; only their last block is padded
     batch_size: int = 32  # blocks per training batch, per worker
+    # Blocks each worker shuffles over, afresh every epoch (seeded by seed and epoch); 0 keeps the
+    # stream's order. The stream reads files in order, so without it training drifts from one
+    # source to the next. The default holds the whole shipped corpus at any seq_len (27,918 blocks
+    # at T=128), so the demo's epochs are shuffled whole; a larger corpus gets a window this size
+    # (64 MB of int32 per worker at T=512): raise it, or shuffle the documents across files first.
+    shuffle_buffer: int = 32_768
     data_cpus: float = 0.25  # logical CPUs per Ray Data task: fractional so Train workers never starve it
     block_bytes: int = 8 << 20  # Ray Data block target; streaming_split deals whole blocks, so smaller
     #                              blocks spread a small corpus over more tasks and Train workers

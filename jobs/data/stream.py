@@ -12,8 +12,11 @@ on the consumer side, because an epoch number cannot reach a Ray Data UDF once R
 the stream. Each block gets its own generator seeded from (seed, epoch, hash of its tokens), so a
 block's mask and crop depend on nothing else: the same seed gives every block the same corruption
 however Ray schedules, orders, batches or splits the blocks, and a new epoch gives a new mask.
-(Which blocks share a batch follows Ray's delivery order, which is not fixed without
-`preserve_order`.)
+Each epoch is shuffled over `shuffle_buffer` blocks per worker, because the corpus is read file by
+file: unshuffled, a model trains on one source after another and forgets the first (on the
+shipped corpus the tiny demo's auxiliary MLM accuracy fell from 0.064 to 0.029 when its second
+epoch went back from Wikipedia to Austen). (Which blocks share a batch follows Ray's delivery
+order, which is not fixed without `preserve_order`.)
 
 In a Ray Train worker (any world size, 1 included):
 
@@ -108,6 +111,11 @@ def block_seed(seed: int, epoch: int, block: np.ndarray) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: a new order every epoch, the same for the same (seed, epoch)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
 def corrupt(
     batch: Mapping[str, np.ndarray | torch.Tensor],
     epoch: int,
@@ -131,9 +139,15 @@ def pretraining_batches(
     source: ray.data.Dataset | ray.data.DataIterator, cfg: DataConfig, epoch: int, drop_last: bool = False,
     skip: int = 0,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """One epoch of corrupted batches from the whole stream or from a worker's shard. The first `skip`
-    batches (consumed before a resume) are read past without being corrupted."""
-    batches = source.iter_batches(batch_size=cfg.batch_size, batch_format="numpy", drop_last=drop_last)
+    """One epoch of corrupted batches from the whole stream or from a worker's shard, shuffled over
+    `cfg.shuffle_buffer` blocks with a seed of (seed, epoch). The first `skip` batches (consumed
+    before a resume) are read past without being corrupted: the same seed puts the same blocks
+    there, as long as Ray delivers the blocks in the same order."""
+    batches = source.iter_batches(
+        batch_size=cfg.batch_size, batch_format="numpy", drop_last=drop_last,
+        local_shuffle_buffer_size=cfg.shuffle_buffer or None,
+        local_shuffle_seed=epoch_seed(cfg.seed, epoch) if cfg.shuffle_buffer else None,
+    )
     for index, batch in enumerate(batches):
         if index >= skip:
             yield corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction)
