@@ -255,7 +255,8 @@ def test_the_padding_free_path_gives_the_same_losses_and_gradients(name, monkeyp
 
 def test_roberta_mlm_reads_80_10_10_inputs_and_is_trained_at_every_chosen_position():
     """RoBERTa's baseline as RoBERTa defines it: the chosen 15% are [MASK] 80%, a random token 10%,
-    unchanged 10% in the encoder's input, and the MLM loss covers all of them."""
+    unchanged 10% in the encoder's input, and the MLM loss covers all of them; its accuracy is read
+    at the [MASK] inputs."""
     from model import ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size, variant
     from model.corruption import SpecialTokens
 
@@ -276,6 +277,10 @@ def test_roberta_mlm_reads_80_10_10_inputs_and_is_trained_at_every_chosen_positi
     assert 0.7 < masked < 0.9 and 0.04 < kept < 0.17 and (read[(read != original) & (read != SpecialTokens.mask)] > 4).all()
     logits = model.mlm_head(model.main(seen["input"], batch["attention_mask"])[chosen])
     torch.testing.assert_close(out.mlm_loss, torch.nn.functional.cross_entropy(logits, original))
+    # Accuracy at the [MASK] inputs only: the unchanged tenth shows the answer in the input.
+    at_mask = read == SpecialTokens.mask
+    expected = (logits.argmax(-1) == original)[at_mask].float().mean()
+    torch.testing.assert_close(out.mlm_accuracy, expected)
 
 
 # What each variant means, written out from the paper (Table 3 rows, Table 1 baselines) rather than
