@@ -92,7 +92,7 @@ class Interval:
         skipped: one host wait for the whole interval."""
         if not self.grad_norms:
             return []
-        norms = torch.stack([norm.float().reshape(()) for _, norm in self.grad_norms]).tolist()
+        norms = torch.stack([norm for _, norm in self.grad_norms]).tolist()
         return [(step, norm) for (step, _), norm in zip(self.grad_norms, norms) if not math.isfinite(norm)]
 
     def add(self, values: dict[str, torch.Tensor]) -> None:

@@ -200,8 +200,10 @@ def train_loop_per_worker(config: dict) -> None:
             state.device_hours += (now - last_step_time) * (gpus or world_size) / 3600
             last_step_time = now
             interval.record(state.step, grad_norm)
-            log_now = state.step % cfg.train.log_every == 0 or state.step == cfg.train.max_steps
-            if log_now or state.step % cfg.train.checkpoint_every == 0:
+            last = state.step == cfg.train.max_steps
+            log_now = state.step % cfg.train.log_every == 0 or last
+            checkpoint_now = state.step % cfg.train.checkpoint_every == 0 or last
+            if log_now or checkpoint_now:
                 # The norms are read here, not per step (the host never waits inside a step); the
                 # updates they flag were skipped, and no checkpoint is written after them.
                 bad = interval.nonfinite()
@@ -213,7 +215,7 @@ def train_loop_per_worker(config: dict) -> None:
             if log_now:
                 logger.log(state, interval, scheduler.get_last_lr()[0], grad_norm.item())
                 interval = Interval()
-            if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.max_steps:
+            if checkpoint_now:
                 save_and_report(model, optimizer, scheduler, state, cfg, ctx, rank)
             _maybe_inject_failure(ctx, cfg, state, rank)
             if state.step >= cfg.train.max_steps:
