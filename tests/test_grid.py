@@ -21,6 +21,14 @@ def test_the_paper_grid_is_table_7():
     assert quick.max_length <= 128 and 0 < quick.max_train <= 10_000 and len(quick.points("snli")) * 5 <= 20
 
 
+def test_the_study_grid_brackets_electra_smalls_fine_tuning_rate_on_all_of_snli():
+    grid = load_grid("study")
+    points = grid.points("snli")
+    assert {p["lr"] for p in points} == {1e-4, 2e-4, 3e-4}  # ELECTRA-Small: 3e-4, batch 32, 3 epochs
+    assert {(p["batch_size"], p["epochs"], p["warmup"]) for p in points} == {(32, 3, 0.1)}
+    assert grid.max_train == 0 and grid.max_dev == 0 and grid.max_length == 128
+
+
 def test_grid_errors_name_the_key(tmp_path):
     (tmp_path / "g.yaml").write_text("spaces: {s: {epochs: [1], lr: [1e-3], batch_size: [8], warmup: [0.1], lrs: [1]}}\n")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['lrs'\]"):

@@ -1,6 +1,6 @@
 """COCO-LM pretraining on Ray Train, tracked in MLflow, resumable.
 
-    python -m jobs.pretraining --preset tiny|small|base|base++|large++ --variant NAME [--set key.sub=value ...]
+    python -m jobs.pretraining --preset tiny|study|small|base|base++|large++ --variant NAME [--set key.sub=value ...]
         [--corpus PATH ...] [--tokenizer DIR] [--tracking-uri URI] [--storage URI] [--workers N]
         [--gpus-per-worker G] [--name RUN_NAME] [--experiment NAME]
 
@@ -34,7 +34,7 @@ from jobs.cli import option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
-from jobs.pretraining.config import PretrainConfig, resolve, to_yaml, with_vocab_size
+from jobs.pretraining.config import PretrainConfig, available_presets, resolve, to_yaml, with_vocab_size
 from jobs.pretraining.loop import LoopContext, train_loop_per_worker
 from jobs.ray_session import init_ray
 
@@ -164,7 +164,7 @@ def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stre
 
 @dataclass(frozen=True)
 class PretrainOptions:
-    preset: str = field(default="tiny", metadata=option("tiny | small | base | base++ | large++"))
+    preset: str = field(default="tiny", metadata=option(" | ".join(available_presets())))
     variant: str = field(default="cocolm", metadata=option("a variant of model.VARIANTS or platform/variants/"))
     overrides: tuple[str, ...] = field(default=(), metadata=option(
         "dotted config override, e.g. train.max_steps=40 (repeatable)", flag="--set", repeat=True, metavar="KEY=VALUE"))
