@@ -200,9 +200,9 @@ def train_loop_per_worker(config: dict) -> None:
             state.device_hours += (now - last_step_time) * (gpus or world_size) / 3600
             last_step_time = now
             interval.record(state.step, grad_norm)
-            last = state.step == cfg.train.max_steps
-            log_now = state.step % cfg.train.log_every == 0 or last
-            checkpoint_now = state.step % cfg.train.checkpoint_every == 0 or last
+            final = state.step == cfg.train.max_steps
+            log_now = state.step % cfg.train.log_every == 0 or final
+            checkpoint_now = state.step % cfg.train.checkpoint_every == 0 or final
             if log_now or checkpoint_now:
                 # The norms are read here, not per step (the host never waits inside a step); the
                 # updates they flag were skipped, and no checkpoint is written after them.
