@@ -195,7 +195,7 @@ def test_after_a_resume_every_rank_draws_its_own_random_stream():
 
 def fake_checkpoint(storage: Path, run_name: str, step: int, owner: str | None) -> Path:
     """A checkpoint directory as Ray Train leaves it, recording `owner` (None: an old one without the field)."""
-    directory = storage / run_name / f"checkpoint_step_{step:08d}"
+    directory = storage / run_name / checkpoint.directory_name(step)
     directory.mkdir(parents=True)
     state = {"step": step} if owner is None else {"step": step, "mlflow_run_id": owner}
     (directory / "state.json").write_text(json.dumps(state))
@@ -306,7 +306,7 @@ def checkpoint_recorded(storage: Path, step: int) -> bool:
     """Ray Train's own record of its checkpoints holds this step's. The checkpoint directory appears
     before Ray records it: a run killed in between resumes from the checkpoint before (CI saw it
     restart from step 0 after the test killed it on the directory alone)."""
-    name = f"checkpoint_step_{step:08d}"
+    name = checkpoint.directory_name(step)
     return any(name in p.read_text() for p in storage.glob("*/checkpoint_manager_snapshot.json"))
 
 

@@ -24,6 +24,11 @@ from model import PretrainingObjective, build_pretraining_model
 from jobs.pretraining.config import PretrainConfig, from_yaml
 
 
+def directory_name(step: int) -> str:
+    """The folder Ray Train stores the checkpoint of `step` in, under the run's storage."""
+    return f"checkpoint_step_{step:08d}"
+
+
 @dataclass
 class TrainState:
     step: int = 0

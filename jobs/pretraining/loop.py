@@ -128,7 +128,7 @@ def save_and_report(model, optimizer, scheduler, state: TrainState, cfg: Pretrai
         if rank == 0:
             checkpoint.save(Path(tmp), model, optimizer, scheduler, state, to_yaml(cfg), ctx.tokenizer_dir)
             ckpt = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_step_{state.step:08d}")
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=checkpoint.directory_name(state.step))
 
 
 def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainState, rank: int) -> None:
