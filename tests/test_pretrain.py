@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -169,6 +172,57 @@ def test_checkpoint_round_trip_gives_equal_parameters_and_optimizer_state(tmp_pa
         torch.manual_seed(1)  # the same replacement draws for both
         _steps(m.eval(), o, s, batch, 1)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+class WritesAFile:
+    """What a hostile rng.pt holds: unpickling it (torch.load with weights_only=False) opens a file for writing."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def _tiny_training():
+    cfg = with_vocab_size(resolve("tiny", "cocolm", ["model.hidden_size=32", "model.ffn_size=64"]), 300)
+    return (*build_training(cfg), to_yaml(cfg))
+
+
+def test_a_checkpoint_file_that_would_run_code_is_refused_unrun_and_named(tmp_path):
+    model, optimizer, scheduler, config = _tiny_training()
+    checkpoint.save(tmp_path / "ckpt", model, optimizer, scheduler, TrainState(step=3), config, None)
+    planted = tmp_path / "planted"
+    torch.save({"torch": torch.get_rng_state(), "python": WritesAFile(planted)}, tmp_path / "ckpt" / "rng.pt")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'ckpt' / 'rng.pt'} holds more than tensors and plain data "
+                                         r"\(Unsupported global: GLOBAL io.open.*nothing in it ran"):
+        checkpoint.load(tmp_path / "ckpt", model, optimizer, scheduler)
+    assert not planted.exists()  # the pickle's call never ran
+    torch.save({"weight": WritesAFile(planted)}, tmp_path / "ckpt" / "model.pt")  # every .pt file is read so
+    with pytest.raises(ValueError, match=r"model.pt holds more than tensors"):
+        checkpoint.load_pretrained(tmp_path / "ckpt")
+    assert not planted.exists()
+
+
+def test_a_checkpoint_restores_python_and_torch_random_state_without_unpickling(tmp_path):
+    """rng.pt holds torch's state (a tensor), rng.json python's; a checkpoint written before rng.json holds
+    python's state in rng.pt as a tuple of ints, which torch's weights_only loader reads too (plain data),
+    so older checkpoints resume as before."""
+    model, optimizer, scheduler, config = _tiny_training()
+    for old_format in (False, True):
+        directory = tmp_path / f"old-{old_format}"
+        random.seed(11)
+        torch.manual_seed(11)
+        checkpoint.save(directory, model, optimizer, scheduler, TrainState(step=3), config, None)
+        assert set(torch.load(directory / "rng.pt", weights_only=True)) == {"torch"}  # a tensor, nothing else
+        if old_format:
+            (directory / "rng.json").unlink()
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, directory / "rng.pt")
+        expected = random.random(), torch.rand(3)
+        random.seed(0)
+        torch.manual_seed(0)
+        assert checkpoint.load(directory, model, optimizer, scheduler).step == 3
+        assert random.random() == expected[0] and torch.equal(torch.rand(3), expected[1]), old_format
 
 
 def test_an_elastic_run_keeps_its_global_batch_and_data_position_at_every_world_size():

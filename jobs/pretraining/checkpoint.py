@@ -3,15 +3,22 @@
     model.pt        state dict of the *unwrapped* PretrainingObjective (never DDP's `.module.` or
                     compile's `_orig_mod.` prefixes): main encoder, auxiliary, heads
     optimizer.pt    AdamW state          scheduler.pt   LR schedule state
-    rng.pt          torch / python RNG of rank 0 (dropout; the data corruption is seeded per block)
+    rng.pt          torch's RNG state of rank 0, a tensor (dropout; the data corruption is seeded per block)
+    rng.json        python's RNG state of rank 0 (a version, 625 ints, the gauss cache)
     state.json      step, data position (epoch, batches consumed in it), tokens seen, hours spent
     config.yaml     the resolved run config       tokenizer/   the tokenizer files
+
+Nothing in a checkpoint is unpickled: every .pt file is read with torch's weights_only loader, which
+builds tensors and plain containers and refuses anything else before it runs (a checkpoint is data
+that may come from a shared bucket, and a full pickle runs whatever code it names).
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import random
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,7 +100,9 @@ def save(
     torch.save(model.state_dict(), directory / "model.pt")
     torch.save(optimizer.state_dict(), directory / "optimizer.pt")
     torch.save(scheduler.state_dict(), directory / "scheduler.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, directory / "rng.pt")
+    torch.save({"torch": torch.get_rng_state()}, directory / "rng.pt")
+    version, internal, gauss = random.getstate()
+    (directory / "rng.json").write_text(json.dumps({"python": [version, list(internal), gauss]}))
     (directory / "state.json").write_text(json.dumps(asdict(state), indent=1))
     (directory / "config.yaml").write_text(config_yaml)
     if tokenizer_dir:
@@ -108,16 +117,35 @@ def load(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     restore_rng: bool = True,
 ) -> TrainState:
-    model.load_state_dict(torch.load(directory / "model.pt", map_location="cpu", weights_only=True))
+    model.load_state_dict(load_tensors(directory / "model.pt"))
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True))
+        optimizer.load_state_dict(load_tensors(directory / "optimizer.pt"))
     if scheduler is not None:
-        scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        scheduler.load_state_dict(load_tensors(directory / "scheduler.pt"))
     if restore_rng:
-        rng = torch.load(directory / "rng.pt", weights_only=False)  # python's RNG state is a tuple, not tensors
+        rng = load_tensors(directory / "rng.pt")
         torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
+        if (directory / "rng.json").exists():
+            version, internal, gauss = json.loads((directory / "rng.json").read_text())["python"]
+            random.setstate((version, tuple(internal), gauss))
+        else:  # a checkpoint from before rng.json: python's state is in rng.pt, as a tuple of ints
+            random.setstate(rng["python"])
     return TrainState(**json.loads((directory / "state.json").read_text()))
+
+
+def load_tensors(path: Path):
+    """A .pt file of the checkpoint through torch's weights_only loader (tensors, dicts, lists, tuples,
+    numbers, strings, None): a file that holds anything else, such as a pickled object whose loading
+    would run code, is refused before any of it runs, with an error that names the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"WeightsUnpickler error: (.*?)(?:\. Please|\n|$)", str(error))
+        raise ValueError(
+            f"{path} holds more than tensors and plain data ({found.group(1) if found else error}), so it was "
+            f"not loaded and nothing in it ran. This platform never writes such a file: it was altered or "
+            f"comes from elsewhere; remove that checkpoint folder (or choose another --storage or --name) "
+            f"to go on without it") from None
 
 
 def load_pretrained(directory: Path) -> tuple[PretrainingObjective, PretrainConfig]:
@@ -134,5 +162,5 @@ def load_auxiliary(directory: Path, aux: torch.nn.Module) -> None:
 
     Shared modules appear under every owner in a state dict, so the `aux.` keys hold them too.
     """
-    full = torch.load(Path(directory) / "model.pt", map_location="cpu", weights_only=True)
+    full = load_tensors(Path(directory) / "model.pt")
     aux.load_state_dict({k.removeprefix("aux."): v for k, v in full.items() if k.startswith("aux.")}, strict=True)
