@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-# Quiet and offline by default; a user's own value always wins (setdefault).
+# Quiet and offline by default; a user's own value always wins (setdefault). Ray's token
+# authentication is left to Ray on purpose (docs/design.md section 8): a local Ray started by a job
+# turns it on and uses Ray's own token (`ray get-auth-token`); nothing here may switch it off.
 HERMETIC_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",  # Ray 2.60 otherwise turns on token auth and writes ~/.ray
     "HF_HUB_OFFLINE": "1",  # read by huggingface_hub at import: set before importing transformers
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "TOKENIZERS_PARALLELISM": "false",  # Ray already runs one task per (fraction of a) core

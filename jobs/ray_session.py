@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
+from pathlib import Path
 
 import ray
 import ray.data
@@ -13,14 +15,42 @@ from jobs.env import set_hermetic_env
 
 
 def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
-    """Join the cluster in RAY_ADDRESS (set by `ray job submit`), else start a local one; no-op if up."""
+    """Join the cluster in RAY_ADDRESS (set by `ray job submit`), else start a local one; no-op if up.
+
+    A local Ray has Ray's token authentication (on by default since Ray 2.59 for clusters that
+    `ray.init` starts): Ray generates its token once, in Ray's default place, and this keeps that
+    file readable by its owner only (Ray writes it with the umask, usually world-readable)."""
     set_hermetic_env()
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init()  # resources belong to the cluster: passing num_cpus here is an error
         else:
+            if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+                logging.getLogger(__name__).warning(
+                    "RAY_AUTH_MODE=disabled: anyone who can reach this machine's Ray ports can run code as you "
+                    "(docs/design.md section 8); unset it to keep Ray's token authentication")
             ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
+            private_token_file()
     quiet_ray_data(sys.stdout.isatty())
+
+
+def token_file() -> Path | None:
+    """The file Ray reads its authentication token from (RAY_AUTH_TOKEN_PATH, else Ray's default
+    ~/.ray/auth_token); None when the token comes from the RAY_AUTH_TOKEN variable."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def private_token_file() -> None:
+    """The token is the key to run code through Ray: make its file owner-only when it is ours and is not."""
+    path = token_file()
+    try:
+        info = path.stat() if path else None
+    except OSError:
+        return
+    if info and info.st_uid == os.getuid() and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        path.chmod(0o600)
 
 
 def quiet_ray_data(interactive: bool) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import secrets
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +23,30 @@ from model.export import export_encoder
 # torch, transformers and pytest but no MLflow or Ray, and this file is loaded by every run.
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
+
+
+
+def private_ray_token() -> None:
+    """Ray's token authentication stays on in the tests (docs/design.md section 8), with a token of their
+    own in a temporary folder (RAY_AUTH_TOKEN_PATH), so the suite leaves nothing in ~/.ray. Ray aborts on
+    a RAY_AUTH_TOKEN_PATH it cannot read (it generates a missing token only at its default path), so the
+    file is written here, owner-only, as `ray get-auth-token --generate` would. Every Ray the suite starts
+    (in process, `ray start`, the simulated cluster) and every `ray job` command reads it. A token the
+    user set (RAY_AUTH_TOKEN, or a RAY_AUTH_TOKEN_PATH that exists, as .ci/run sets) is kept."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    if not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        folder = tempfile.mkdtemp(prefix="cocolm-ray-auth-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["RAY_AUTH_TOKEN_PATH"] = os.path.join(folder, "auth_token")
+    path = Path(os.environ["RAY_AUTH_TOKEN_PATH"])
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+
+
+private_ray_token()  # at import: before any fixture or test module starts or joins a Ray
 
 # The number of logical CPUs Ray gets in tests: 2, the size of the smallest machine we support, so
 # the suite proves that the stream (fractional-CPU tasks) cannot starve or deadlock there.

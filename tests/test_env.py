@@ -1,12 +1,23 @@
-"""jobs.env: the process settings every job starts with."""
+"""jobs.env and jobs.ray_session: the process settings every job starts with, and Ray's token authentication."""
 
+import json
 import logging
 import os
+import select
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
 
+import pytest
 import ray.data
 
 from jobs.env import HERMETIC_ENV, set_hermetic_env
-from jobs.ray_session import quiet_ray_data
+from jobs.ray_session import private_token_file, quiet_ray_data
 
 
 def test_ray_data_shows_progress_bars_on_a_terminal_only():
@@ -46,3 +57,72 @@ def test_the_worker_lines_the_driver_drops_are_only_rays_own_noise():
             "RuntimeError: checkpoint belongs to MLflow run a, not b"]
     assert all(skip.search(line) for line in dropped)
     assert not any(skip.search(line) for line in kept)
+
+
+# ----------------------------------------------------------------------------- Ray's token authentication stays on
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_platform_never_switches_ray_token_authentication_off():
+    assert "RAY_AUTH_MODE" not in HERMETIC_ENV
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "RAY_AUTH_MODE" not in ci and "export RAY_AUTH_TOKEN_PATH=" in ci  # CI: a token of its own, in /tmp
+
+
+def test_a_world_readable_token_file_is_made_owner_only(tmp_path, monkeypatch):
+    token = tmp_path / "auth_token"
+    token.write_text("0" * 64)
+    token.chmod(0o644)  # as Ray writes it under the usual umask
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    private_token_file()
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+
+
+def _request(url: str, token: str | None = None, data: bytes | None = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.mark.timeout(300)
+def test_a_local_ray_started_by_a_job_refuses_its_job_api_to_requests_without_its_token(tmp_path):
+    """The Ray a job starts (jobs.ray_session.init_ray, with the dashboard, as the pretraining job starts
+    it) in a user's environment (no RAY_AUTH_MODE): a job submission without the token is refused (401)
+    and runs nothing, a wrong token too (403); with Ray's token the same API answers (200), and the
+    refused job is not among its jobs."""
+    code = ("import sys, ray\nfrom jobs.ray_session import init_ray\ninit_ray(num_cpus=1, dashboard=True)\n"
+            "print(ray._private.worker.get_dashboard_url(), flush=True)\nsys.stdin.read()\nray.shutdown()\n")
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="ra", dir="/tmp")}
+    for name in ("RAY_AUTH_MODE", "RAY_ADDRESS"):
+        env.pop(name, None)
+    planted = tmp_path / "planted"
+    with open(tmp_path / "ray.log", "w") as log:
+        ray_process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    try:
+        ready, _, _ = select.select([ray_process.stdout], [], [], 240)
+        address = ray_process.stdout.readline().strip() if ready else ""
+        assert address, (tmp_path / "ray.log").read_text()[-3000:]
+        jobs_api = f"http://{address}/api/jobs/"
+        submission = json.dumps({"entrypoint": f"touch {planted}"}).encode()
+        assert _request(jobs_api, data=submission) == (401, "Unauthorized: Missing authentication token")
+        assert _request(jobs_api) == (401, "Unauthorized: Missing authentication token")
+        assert _request(jobs_api, token="0" * 64) == (403, "Forbidden: Invalid authentication token")
+        token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()  # Ray's token (tests/conftest.py)
+        status, body = _request(jobs_api, token=token)
+        assert status == 200  # accepted; and the refused submission never became a job
+        assert [job["type"] for job in json.loads(body)] == ["DRIVER"]  # only the process that started Ray
+        assert not planted.exists()
+    finally:
+        ray_process.stdin.close()
+        try:
+            ray_process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            ray_process.kill()
+            ray_process.wait()
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)

@@ -427,6 +427,21 @@ def _submit(command: list, env: dict, timeout: float = 300) -> subprocess.Comple
         time.sleep(3)
 
 
+def _status_without_token(url: str, timeout: float = 60) -> int:
+    """The HTTP status of a GET carrying no token, once the dashboard answers at all."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except urllib.error.URLError:
+            if time.time() > deadline:
+                raise
+            time.sleep(1)
+
+
 @pytest.mark.slow
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
@@ -440,12 +455,14 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
 
     ray.shutdown()
     ray_bin = Path(sys.executable).parent / "ray"
-    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp")}
+    # As the README's shell: RAY_AUTH_MODE=token exported (the token is the suite's, tests/conftest.py).
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp"), "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_DATA_DISABLE_PROGRESS_BARS", None)  # as a user's shell has it: the job must quiet Ray Data itself
     subprocess.run([ray_bin, "start", "--head", "--num-cpus", "2", "--disable-usage-stats"], env=env, check=True,
                    capture_output=True)
     try:
+        assert _status_without_token("http://127.0.0.1:8265/api/jobs/") == 401  # the job API wants the token
         runtime_env = json.dumps({"env_vars": {"COCOLM_HOME": str(home)}})
         submit = _submit(
             [ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
