@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Param, Run, RunStatus
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.credentials import get_default_host_creds
+from mlflow.utils.rest_utils import http_request
 
 from jobs.names import RUN_KEY_TAG
 
@@ -50,8 +53,13 @@ def check_storage(storage: str) -> None:
                               f"choose a writable --storage") from None
 
 
+# MLflow's client reads these itself (a user name and password for basic auth, or a bearer token).
+CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
 def check_tracking(uri: str, timeout: float = 5.0) -> None:
-    """Fail before any compute is spent if the tracking store cannot be reached."""
+    """Fail before any compute is spent if the tracking store cannot be reached, or if a tracking server
+    refuses this process's credentials (MLflow's basic-auth app, platform/mlflow/README.md)."""
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
@@ -62,8 +70,37 @@ def check_tracking(uri: str, timeout: float = 5.0) -> None:
                 f"MLflow tracking server {uri} is unreachable ({error}). Start it (see platform/mlflow/README.md) "
                 f"or pass --tracking-uri sqlite:///<path>/mlflow.db for a local store."
             ) from None
+        check_credentials(uri, timeout)
     elif uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_credentials(uri: str, timeout: float = 5.0) -> None:
+    """One authenticated read, sent as MLflow's client sends its requests (the same credentials, from the
+    same variables): /health answers without credentials, so it cannot tell whether they are accepted."""
+    creds = get_default_host_creds(uri)
+    try:
+        response = http_request(creds, "/api/2.0/mlflow/experiments/search", "GET", params={"max_results": 1},
+                                max_retries=0, backoff_factor=0, timeout=timeout, raise_on_status=False)
+    except (OSError, MlflowException) as error:
+        raise ConnectionError(f"MLflow tracking server {uri} did not answer a request ({error})") from None
+    if response.status_code not in (401, 403):
+        return
+    given = [name for name in CREDENTIAL_VARIABLES if os.environ.get(name)]
+    if given:
+        source = " and ".join(given)
+    elif creds.username or creds.password:
+        source = "MLflow's credentials file (~/.mlflow/credentials)"
+    else:
+        source = None
+    if response.status_code == 401:
+        problem = f"refused the credentials in {source}" if source else "requires credentials and none are set"
+    else:
+        problem = f"denies access to the account in {source or '(no credentials)'}"
+    raise PermissionError(
+        f"MLflow tracking server {uri} {problem} (HTTP {response.status_code}): set MLFLOW_TRACKING_USERNAME "
+        f"and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an account the server's admin made for "
+        f"you, in the job's environment (platform/mlflow/README.md)")
 
 
 def experiment_id(client: MlflowClient, name: str, tracking_uri: str) -> str:

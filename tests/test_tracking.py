@@ -1,10 +1,17 @@
-"""jobs.tracking: the UI links every job prints, and the storage check."""
+"""jobs.tracking: the UI links every job prints, the storage check, and the tracking server's credentials."""
 
+import base64
+import http.server
+import os
+import subprocess
+import sys
+import threading
 import urllib.parse
+from pathlib import Path
 
 import pytest
 
-from jobs.tracking import check_storage, ui_links
+from jobs.tracking import CREDENTIAL_VARIABLES, check_storage, check_tracking, ui_links
 
 
 def test_jobs_print_direct_links_to_the_run_the_runs_table_and_the_compare_view():
@@ -26,3 +33,100 @@ def test_storage_must_be_writable(tmp_path):
     with pytest.raises(PermissionError, match=r"storage .*file/sub is not writable"):
         check_storage(str(tmp_path / "file" / "sub"))
     check_storage("s3://bucket/prefix")  # cloud storage is Ray's to check when it first writes
+
+
+# ----------------------------------------------------------------------------- a server with MLflow's basic auth
+
+
+class AuthServer:
+    """A stand-in for `mlflow server --app-name basic-auth` on 127.0.0.1: /health answers anyone (as
+    MLflow's does), every other request needs `user`:`secret`; `deny` answers 403 to that user instead.
+    `seen` keeps each request's Authorization header."""
+
+    def __init__(self, deny: bool = False):
+        outer, good = self, "Basic " + base64.b64encode(b"user:secret").decode()
+        self.seen: list[str | None] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path != "/health":
+                    outer.seen.append(self.headers.get("Authorization"))
+                if self.path == "/health":
+                    status, body = 200, b"OK"
+                elif self.headers.get("Authorization") != good:
+                    status, body = 401, b"You are not authenticated."
+                else:
+                    status, body = (403, b"Permission denied") if deny else (200, b'{"experiments": []}')
+                self.send_response(status)
+                if status == 401:
+                    self.send_header("WWW-Authenticate", 'Basic realm="mlflow"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def no_mlflow_credentials(monkeypatch, tmp_path):
+    for name in CREDENTIAL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.mlflow/credentials of the user's
+
+
+def test_a_server_that_wants_credentials_is_one_error_naming_the_variables(no_mlflow_credentials, monkeypatch):
+    server = AuthServer()
+    try:
+        with pytest.raises(PermissionError, match=r"requires credentials and none are set \(HTTP 401\): set "
+                                                  r"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
+            check_tracking(server.uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "user")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+        with pytest.raises(PermissionError, match="refused the credentials in MLFLOW_TRACKING_USERNAME and "
+                                                  r"MLFLOW_TRACKING_PASSWORD \(HTTP 401\)"):
+            check_tracking(server.uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "secret")
+        check_tracking(server.uri)  # accepted: sent as MLflow's client sends them, HTTP basic auth
+        assert server.seen == [None, "Basic dXNlcjp3cm9uZw==", "Basic dXNlcjpzZWNyZXQ="]
+    finally:
+        server.close()
+
+
+def test_a_server_that_denies_the_account_says_so(no_mlflow_credentials, monkeypatch):
+    server = AuthServer(deny=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "user")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "secret")
+    try:
+        with pytest.raises(PermissionError, match=r"denies access to the account in MLFLOW_TRACKING_USERNAME "
+                                                  r"and MLFLOW_TRACKING_PASSWORD \(HTTP 403\)"):
+            check_tracking(server.uri)
+    finally:
+        server.close()
+
+
+def test_a_job_refused_by_the_server_prints_one_error_line_before_any_compute(no_mlflow_credentials, tmp_path):
+    """As a user runs it: `python -m jobs.pretraining --tracking-uri <server with auth>` with no credentials."""
+    server = AuthServer()
+    env = {**os.environ, "COCOLM_HOME": str(tmp_path / "home")}
+    env.pop("COCOLM_DEBUG", None)
+    try:
+        result = subprocess.run([sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tracking-uri",
+                                 server.uri], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
+                                text=True, timeout=300)
+    finally:
+        server.close()
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith(f"error: MLflow tracking server {server.uri} requires credentials"), result.stderr
+    assert "MLFLOW_TRACKING_USERNAME" in lines[0] and "MLFLOW_TRACKING_TOKEN" in lines[0]
+    assert "Traceback" not in result.stderr and "Started a local Ray instance" not in result.stdout + result.stderr
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").iterdir())  # nothing made
