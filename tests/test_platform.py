@@ -1,5 +1,7 @@
 """The declarative side parses and matches what Ray, KubeRay and the jobs expect."""
 
+import re
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -37,3 +39,54 @@ def test_mlflow_server_recipe_uses_a_database_and_object_store():
     compose = yaml.safe_load((ROOT / "platform" / "mlflow" / "docker-compose.yaml").read_text())
     command = compose["services"]["mlflow"]["command"]
     assert "--backend-store-uri postgresql://" in command and "--artifacts-destination s3://" in command
+    assert "--serve-artifacts" in command
+
+
+# ----------------------------------------------------------------------------- secure as shipped (docs/design.md 8)
+
+
+def test_the_cluster_launcher_config_turns_on_ray_token_auth_on_every_node_and_keeps_the_dashboard_local():
+    raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    starts = raw["head_start_ray_commands"] + raw["worker_start_ray_commands"]
+    assert raw["worker_start_ray_commands"] and all("RAY_AUTH_MODE=token" in c for c in starts
+                                                    if "ray start" in c)
+    assert not any("RAY_AUTH_MODE=disabled" in c or "0.0.0.0" in c for c in starts + raw["setup_commands"])
+    (head,) = [c for c in raw["head_start_ray_commands"] if "ray start" in c]
+    assert "--dashboard-host=127.0.0.1" in head  # reached through `ray dashboard cluster.yaml` (SSH)
+    # The token reaches every node at Ray's default path, from a file outside the repository.
+    token_mounts = {remote: local for remote, local in raw["file_mounts"].items() if remote.endswith(".ray/auth_token")}
+    assert len(token_mounts) == 1 and next(iter(token_mounts.values())).startswith("~/.ray/")
+    assert ".env" in raw["rsync_exclude"]
+
+
+def test_the_rayjob_turns_on_ray_token_auth_for_every_container_and_exposes_nothing():
+    text = (ROOT / "platform" / "kuberay" / "rayjob.yaml").read_text()
+    cluster = yaml.safe_load(text)["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}  # KubeRay: token Secret + env on every Ray container
+    head = cluster["headGroupSpec"]
+    assert head.get("serviceType", "ClusterIP") == "ClusterIP"
+    assert "dashboard-host" not in head["rayStartParams"] and "RAY_AUTH_MODE: disabled" not in text
+    containers = [c for g in [head, *cluster["workerGroupSpecs"]] for c in g["template"]["spec"]["containers"]]
+    for container in containers:  # MLflow's account from a Secret, never a literal
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "cocolm-mlflow"
+        assert all("value" not in e for e in env.values() if "PASSWORD" in e["name"] or "TOKEN" in e["name"])
+
+
+def test_the_mlflow_server_recipe_holds_no_password_publishes_only_mlflow_and_requires_accounts():
+    text = (ROOT / "platform" / "mlflow" / "docker-compose.yaml").read_text()
+    services = yaml.safe_load(text)["services"]
+    for name, service in services.items():
+        values = service.get("environment", {})
+        values = values if isinstance(values, dict) else dict(v.split("=", 1) for v in values)
+        for key, value in values.items():  # every secret is a ${VAR:?...} read from .env
+            if any(word in key for word in ("PASSWORD", "SECRET", "ACCESS_KEY", "TOKEN")):
+                assert str(value).startswith("${") and ":?" in str(value), (name, key, value)
+        if name != "mlflow":
+            assert "ports" not in service, name  # PostgreSQL and MinIO only on the compose network
+    assert not re.search(r"://[^/\s:@]+:[^@\s]+@", text)  # no user:password@ in a URI
+    assert services["mlflow"]["ports"] == ["${MLFLOW_PUBLISH:-127.0.0.1:5000}:5000"]
+    command = services["mlflow"]["command"]
+    assert "--app-name basic-auth" in command and "--allowed-hosts" in command
+    ignored = subprocess.run(["git", "check-ignore", "-q", "platform/mlflow/.env"], cwd=ROOT)
+    assert ignored.returncode == 0  # the file the README has you write the secrets into is never committed
