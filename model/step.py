@@ -35,16 +35,30 @@ class OptimizerConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-6
     clip_norm: float = 2.0
+    # Learning rate of the relative position bias tables, as a multiple of the others' (1: the paper's
+    # one learning rate). Adam moves each table entry by about the learning rate per step, and a key
+    # attended to among T needs a bias of about ln T to stand out, so at lr 2e-3 the tables alone take
+    # ~2,000 steps to make attention local: the unigram plateau of small models (docs/design.md 5.4).
+    position_bias_lr_scale: float = 1.0
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, position_bias_lr_scale: float = 1.0,
+                 peak_lr: float = 1.0) -> list[dict]:
     """Weight decay on weight matrices only: never on biases and LayerNorms (the 1-D parameters), nor on
-    the relative position bias table, which is a bias however it is stored."""
-    decay, no_decay = [], []
+    the relative position bias tables, which are biases however they are stored; the tables get their
+    own group at `position_bias_lr_scale` x `peak_lr` when the scale is not 1."""
+    decay, no_decay, position = [], [], []
     for name, p in model.named_parameters():
-        if p.requires_grad:
+        if not p.requires_grad:
+            continue
+        if "relative_bias" in name and position_bias_lr_scale != 1:
+            position.append(p)
+        else:
             (no_decay if p.ndim < 2 or "relative_bias" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if position:
+        groups.append({"params": position, "weight_decay": 0.0, "lr": peak_lr * position_bias_lr_scale})
+    return groups
 
 
 def warmup_linear_decay(warmup: int, total: int) -> Callable[[int], float]:
@@ -63,7 +77,7 @@ def build_optimizer(
     CPU alike), because only the fused kernel can skip a non-finite update without the host reading
     the gradient norm (`TrainingStep.update`)."""
     optimizer = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.peak_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+        param_groups(model, cfg.weight_decay, cfg.position_bias_lr_scale, cfg.peak_lr), lr=cfg.peak_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_eps, fused=True,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.max_steps))

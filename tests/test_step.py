@@ -115,6 +115,27 @@ def test_param_groups_decay_weight_matrices_only():
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
 
 
+def test_the_relative_bias_tables_get_their_own_learning_rate_when_scaled():
+    """train.position_bias_lr_scale: the tables (main and auxiliary) in a group of their own at scale x the
+    peak lr, without weight decay, following the same warm-up and decay; 1 keeps the two groups."""
+    from model import ObjectiveConfig, build_pretraining_model, model_size
+
+    objective = build_pretraining_model(model_size("tiny", vocab_size=50), ObjectiveConfig())
+    names = {id(p): n for n, p in objective.named_parameters()}
+    cfg = OptimizerConfig(peak_lr=1e-3, warmup_steps=2, max_steps=10, position_bias_lr_scale=30)
+    optimizer, scheduler = build_optimizer(objective, cfg, torch.device("cpu"))
+    decay, no_decay, tables = optimizer.param_groups
+    assert sorted(names[id(p)] for p in tables["params"]) == ["aux.encoder.relative_bias.table.weight",
+                                                              "main.relative_bias.table.weight"]
+    assert not any("relative_bias" in names[id(p)] for p in decay["params"] + no_decay["params"])
+    assert tables["weight_decay"] == 0.0
+    for _ in range(2):  # to the end of the warm-up: both at their peak
+        optimizer.step()
+        scheduler.step()
+    assert tables["lr"] == pytest.approx(30 * decay["lr"]) and decay["lr"] == pytest.approx(1e-3)
+    assert len(build_optimizer(objective, OptimizerConfig(), torch.device("cpu"))[0].param_groups) == 2
+
+
 def test_the_job_and_the_benchmark_run_the_same_step(monkeypatch):
     """The Ray worker loop builds `model.step.TrainingStep` (the module is imported by name, so a copy
     would show), and the benchmark's timed calls are that class's optimizer steps."""

@@ -44,6 +44,7 @@ class TrainConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-6
     clip_norm: float = 2.0
+    position_bias_lr_scale: float = 1.0  # model.step.OptimizerConfig: the relative bias tables' lr multiple
     bf16: bool = True  # autocast on GPU; CPU runs fp32
     compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
     #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
