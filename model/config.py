@@ -122,11 +122,19 @@ class ObjectiveConfig:
     sample_in_eval: bool = True  # dropout-free no-grad sampling pass; False reuses the train-mode logits
     freeze_aux: bool = False  # converged_aux: the auxiliary is loaded from a finished run and not trained
     electra_head: bool = False  # the electra baseline: ELECTRA's dense + GELU + dense(1) head as the copy head
+    aux_unchanged_fraction: float = 0.0  # the electra baseline: 0.15 of the auxiliary's chosen inputs unmasked
+    # Log the [CLS] cosines of the x_mlm and crop views (cls_positive_cosine, cls_negative_cosine) in every
+    # variant that corrupts, SCL or not: paper Fig. 7a/b compares them with and without SCL. Variants
+    # without SCL then encode the crop view once more, without gradient (about a sixth more compute), so
+    # it is off unless a study asks for it; with SCL it is free.
+    cls_cosines: bool = False
 
     def __post_init__(self) -> None:
         if self.replacement not in ("auxiliary", "random", "none"):
             raise ValueError(f"objective.replacement must be auxiliary, random or none, not {self.replacement!r}")
         if self.replacement != "none" and not (self.use_copy_loss or self.use_lm):
             raise ValueError("a replaced-token objective needs the copy loss or the LM loss")
+        if not 0 <= self.aux_unchanged_fraction < 1:
+            raise ValueError(f"objective.aux_unchanged_fraction must be in [0, 1), not {self.aux_unchanged_fraction}")
         if self.use_lm and self.lm_copy_mixture and self.lm_stop_gradient and not self.use_copy_loss:
             raise ValueError("with the copy mixture under stop-gradient and no copy loss, the copy head never learns")

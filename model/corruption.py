@@ -157,3 +157,18 @@ def bert_mask_inputs(
     u = torch.rand(targets.shape, device=targets.device, generator=generator)
     random_tokens = random_replacements(targets.numel(), vocab_size, targets.device, generator)
     return torch.where(u < 0.8, torch.full_like(targets, mask_id), torch.where(u < 0.9, random_tokens, targets))
+
+
+def electra_generator_inputs(
+    targets: torch.Tensor, unchanged_fraction: float, generator: torch.Generator | None = None,
+    mask_id: int = SpecialTokens.mask,
+) -> torch.Tensor:
+    """ELECTRA's generator input at the chosen positions (its `pretrain_helpers.mask`): each one reads
+    [MASK] with probability 1 - `unchanged_fraction` (0.85 in ELECTRA) and its original token otherwise;
+    the generator's MLM loss and the replacements are taken at all of them. COCO-LM's auxiliary reads
+    [MASK] everywhere (`unchanged_fraction` 0). (N,)"""
+    if unchanged_fraction <= 0:
+        return torch.full_like(targets, mask_id)
+    u = torch.rand(targets.shape, device=targets.device, generator=generator)
+    return torch.where(u < unchanged_fraction, targets, torch.full_like(targets, mask_id))
+

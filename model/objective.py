@@ -15,7 +15,8 @@ from torch import nn
 
 from . import losses
 from .config import ModelConfig, ObjectiveConfig
-from .corruption import SpecialTokens, bert_mask_inputs, random_replacements, sample_replacements
+from .corruption import (SpecialTokens, bert_mask_inputs, electra_generator_inputs, random_replacements,
+                         sample_replacements)
 from .encoder import Encoder
 from .heads import CLMHead, CopyHead, ElectraDiscriminatorHead, MLMHead, SCLHead
 
@@ -112,6 +113,8 @@ class PretrainingOutput:
     mlm_accuracy: torch.Tensor | None = None
     scl_positive_cosine: torch.Tensor | None = None
     scl_negative_cosine: torch.Tensor | None = None
+    cls_positive_cosine: torch.Tensor | None = None  # the same pairs on the raw [CLS] (objective.cls_cosines)
+    cls_negative_cosine: torch.Tensor | None = None
     replaced_fraction: torch.Tensor | None = None  # replaced tokens / masked tokens
 
     def values(self) -> dict[str, torch.Tensor]:
@@ -166,6 +169,10 @@ class PretrainingObjective(nn.Module):
         self._clm(batch, index, corrupted, h, out, all_real)
         if self.scl_head is not None:
             self._scl(batch, h, out, all_real)
+        elif self.cfg.cls_cosines:
+            with torch.no_grad():
+                h_crop = self.main(batch["crop_ids"], batch["crop_attention_mask"], all_real)
+                out.cls_positive_cosine, out.cls_negative_cosine = losses.scl_cosines(h[:, 0].detach(), h_crop[:, 0])
         return out
 
     def _corrupt(
@@ -191,7 +198,12 @@ class PretrainingObjective(nn.Module):
         generator: torch.Generator | None,
         all_real: bool = False,
     ) -> torch.Tensor:
-        inputs = (batch["masked_ids"], batch["attention_mask"], index, all_real)
+        masked_ids, read_mask = batch["masked_ids"], None
+        if self.cfg.aux_unchanged_fraction:  # ELECTRA's generator sees some chosen positions unmasked
+            shown = electra_generator_inputs(targets, self.cfg.aux_unchanged_fraction, generator)
+            masked_ids = masked_ids.flatten().index_copy(0, index, shown).view_as(masked_ids)
+            read_mask = shown == SpecialTokens.mask
+        inputs = (masked_ids, batch["attention_mask"], index, all_real)
         train_logits = None
         if not self.cfg.freeze_aux:
             train_logits = self.aux(*inputs)  # (N, V), dropout on
@@ -205,7 +217,9 @@ class PretrainingObjective(nn.Module):
                 self.aux.train(was_training)
             else:
                 sample_logits = train_logits.detach()
-            out.aux_mlm_accuracy = _mean(sample_logits.argmax(-1) == targets)
+            # at the [MASK] inputs only, as roberta_mlm's: where the input shows the answer, copying it is no MLM
+            correct = sample_logits.argmax(-1) == targets
+            out.aux_mlm_accuracy = _mean(correct) if read_mask is None else losses.masked_mean(correct, read_mask)
             return sample_replacements(sample_logits, generator)
 
     def _clm(
@@ -253,6 +267,8 @@ class PretrainingObjective(nn.Module):
         out.loss = out.loss + self.cfg.scl_weight * out.scl_loss
         with torch.no_grad():
             out.scl_positive_cosine, out.scl_negative_cosine = losses.scl_cosines(s_mlm, s_crop)
+            if self.cfg.cls_cosines:
+                out.cls_positive_cosine, out.cls_negative_cosine = losses.scl_cosines(h[:, 0], h_crop[:, 0])
 
     def _roberta_mlm(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None) -> PretrainingOutput:
         """Baseline: RoBERTa's MLM. The main encoder reads the chosen positions as 80% [MASK], 10% random

@@ -59,9 +59,11 @@ VARIANTS: dict[str, Variant] = {
                 "positions read as 80% [MASK], 10% random, 10% unchanged; no auxiliary",
                 objective={"replacement": "none", "use_copy_loss": False, "use_lm": False, "use_scl": False}),
         Variant("electra", "baseline (Table 1 ELECTRA): replaced-token detection with ELECTRA's auxiliary "
-                "(full depth, 1/3 width), replacements sampled from its train-mode (dropout) logits, and "
-                "ELECTRA's discriminator head (dense + GELU + dense(1)); dropout-free sampling is COCO-LM's "
-                "change (section 3.3)", objective={**_RTD, "sample_in_eval": False, "electra_head": True},
+                "(full depth, 1/3 width) reading ELECTRA's generator input (85% of the chosen positions [MASK], "
+                "15% unchanged), replacements sampled from its train-mode (dropout) logits, and ELECTRA's "
+                "discriminator head (dense + GELU + dense(1)); dropout-free sampling is COCO-LM's change "
+                "(section 3.3)", objective={**_RTD, "sample_in_eval": False, "electra_head": True,
+                                            "aux_unchanged_fraction": 0.15},
                 model=_ELECTRA_AUX),
     ]
 }
