@@ -41,6 +41,23 @@ def best_task_metric(task: str, stat: str) -> str:
     return f"best/{task}/{stat}"
 
 
+SEED_STAT = "seed_"  # best_task_metric(task, f"seed_{seed}"): one seed's score at the task's best grid point
+
+
+def seed_scores(metrics: dict[str, float], task: str) -> dict[int, float]:
+    """On a sweep parent: {seed: score} at the task's best grid point, read from its per-seed metrics: the
+    values the claims' tests over seeds rest on (analysis/claims.py)."""
+    prefix = best_task_metric(task, SEED_STAT)
+    return {int(key.removeprefix(prefix)): value for key, value in metrics.items()
+            if key.startswith(prefix) and key.removeprefix(prefix).isdigit()}
+
+
+def fewshot_metric(task: str, method: str, stat: str) -> str:
+    """On a few-shot study's parent: `stat` (mean, std, or seed_<split>: one split's test accuracy) of a
+    task and method (prompt or head) at its chosen learning rate."""
+    return f"fewshot/{task}/{method}/{stat}"
+
+
 def fraction_target(target: str, fraction: float) -> str:
     """A task (or target) trained on `fraction` of its training labels, as it is named in sweep tables and
     metric keys: 'SNLI:0.1' (MLflow allows no '@' in a metric key). All the labels keep the plain name."""
@@ -74,6 +91,7 @@ def best_task(key: str) -> str | None:
 COMPARABLE_METRICS = (
     "aux_mlm_accuracy", "copy_accuracy_replaced", "copy_accuracy_original", "lm_accuracy_replaced",
     "lm_accuracy_original", "mlm_accuracy", "scl_positive_cosine", "scl_negative_cosine",
+    "cls_positive_cosine", "cls_negative_cosine",
     "aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss",
     *REPRESENT_METRICS,
 )

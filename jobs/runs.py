@@ -11,8 +11,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task, best_task_metric,
-                        split_fraction)
+from jobs.names import (KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, SEED_STAT, STOP_TAG,
+                        best_task, best_task_metric, fewshot_metric, seed_scores, split_fraction)
+
+# The params that say how much a pretraining run trained: two runs are compared only when these agree.
+BUDGET_PARAMS = ("train.max_steps", "train.global_batch", "data.seq_len")
 
 
 def experiment_ids(client, experiment: str | None) -> list[str]:
@@ -39,15 +42,17 @@ def search(client, experiments: Sequence[str], filter_string: str) -> list:
 
 
 def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
-    """One row per pretraining run: ids, preset, variant, status, times and the last value of every metric.
-    Sorted by start time, oldest first."""
+    """One row per pretraining run: ids, preset, variant, status, times, its training budget
+    (`params.<BUDGET_PARAMS>`), why it stopped itself if it did (`stopped`) and the last value of every
+    metric. Sorted by start time, oldest first."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_PRETRAINING}'"):
         tags = run.data.tags
         rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
                      "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
                      "variant": tags.get("variant", ""), "status": run.info.status,
-                     "start_time": run.info.start_time, "params.train.max_steps": run.data.params.get("train.max_steps"),
+                     "start_time": run.info.start_time, "stopped": tags.get(STOP_TAG, ""),
+                     **{f"params.{p}": run.data.params.get(p) for p in BUDGET_PARAMS},
                      **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
     columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "status", "start_time"]
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
@@ -67,7 +72,8 @@ def latest_per_variant(runs: pd.DataFrame) -> pd.DataFrame:
 def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per (pretraining run, task): the best grid point's median score of the newest finished sweep
     parent of that pretraining run that has the task. Columns: pretraining_run, task, score (its min and max
-    over seeds), exact (a span task's EM median), seeds, sweep_run, start_time, glue_avg."""
+    over seeds), values (the best point's score per seed, in seed order), exact (a span task's EM median),
+    seeds, sweep_run, start_time, glue_avg."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_SWEEP}' and attributes.status = 'FINISHED'"):
         pretraining = run.data.tags.get(PRETRAINING_TAG, "")
@@ -78,11 +84,12 @@ def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
                 rows.append({"pretraining_run": pretraining, "task": task, "score": value,
                              "min": metrics.get(best_task_metric(task, "min"), np.nan),
                              "max": metrics.get(best_task_metric(task, "max"), np.nan),
+                             "values": tuple(v for _, v in sorted(seed_scores(metrics, task).items())),
                              "exact": metrics.get(best_task_metric(task, "exact_median"), np.nan),  # SQuAD's EM
                              "seeds": len([s for s in run.data.params.get("seeds", "").split(",") if s.strip()]) or np.nan,
                              "sweep_run": run.info.run_id, "start_time": run.info.start_time,
                              "glue_avg": metrics.get("glue_avg", np.nan)})
-    columns = ["pretraining_run", "task", "score", "min", "max", "exact", "seeds", "sweep_run", "start_time",
+    columns = ["pretraining_run", "task", "score", "min", "max", "values", "exact", "seeds", "sweep_run", "start_time",
                "glue_avg"]
     if not rows:
         return pd.DataFrame(columns=columns)
@@ -102,3 +109,25 @@ def histories(client, run_ids: Sequence[str], keys: Sequence[str]) -> pd.DataFra
             for run_id in run_ids for key in keys for m in client.get_metric_history(run_id, key)]
     df = pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
     return df.sort_values(["run_id", "key", "step"], kind="stable").reset_index(drop=True)
+
+
+def fewshot_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
+    """One row per (pretraining run, task, method) of the newest finished few-shot study of that run: the
+    test accuracy per split at the chosen learning rate (`values`, in split order) and their mean."""
+    rows = []
+    for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_FEWSHOT}' and attributes.status = 'FINISHED'"):
+        metrics, found = run.data.metrics, {}
+        for key, value in metrics.items():
+            parts = key.split("/")
+            if len(parts) == 4 and parts[0] == "fewshot" and parts[3].startswith(SEED_STAT):
+                found.setdefault((parts[1], parts[2]), {})[int(parts[3].removeprefix(SEED_STAT))] = value
+        for (task, method), by_split in found.items():
+            rows.append({"pretraining_run": run.data.tags.get(PRETRAINING_TAG, ""), "task": task, "method": method,
+                         "values": tuple(v for _, v in sorted(by_split.items())),
+                         "mean": metrics.get(fewshot_metric(task, method, "mean"), np.nan),
+                         "start_time": run.info.start_time})
+    columns = ["pretraining_run", "task", "method", "values", "mean", "start_time"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")
+    return df.groupby(["pretraining_run", "task", "method"], sort=False).tail(1).reset_index(drop=True)

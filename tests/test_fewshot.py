@@ -162,6 +162,8 @@ def test_the_command_runs_both_methods_on_ray_tune_and_reports_mean_and_std(ray_
     assert "Could not fetch metrics" not in out + err  # Tune's result files are written (its CSV/JSON loggers)
     parent = client.get_run(result.run_id)
     assert parent.data.tags["kind"] == KIND_FEWSHOT and "fewshot/sentiment/prompt/mean" in parent.data.metrics
+    per_split = {k: v for k, v in parent.data.metrics.items() if k.startswith("fewshot/sentiment/prompt/seed_")}
+    assert sorted(per_split.values()) == sorted(prompt)  # each split's test accuracy, for the claims' tests
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'")
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jobs import faults
+from jobs.names import seed_scores
 from jobs.finetuning.sweep import SweepOptions, run
 from conftest import pretraining_run_with_encoder, sentiment_file
 
@@ -63,6 +65,9 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
     assert parent.data.tags["cocolm.pretraining_run"] == pretraining_run
     assert parent.data.params["pretraining_run"] == pretraining_run and parent.data.params["lr_set"] == "base"
     assert parent.data.metrics["best/sentiment/median"] == pytest.approx(summary.loc[1e-3, "score_median"])
+    per_seed = seed_scores(parent.data.metrics, "sentiment")  # what the claims' tests over seeds read
+    assert sorted(per_seed) == [0, 1, 2, 3, 4]
+    assert np.median(list(per_seed.values())) == pytest.approx(summary.loc[1e-3, "score_median"])
     assert "sentiment/lr_0.001.bs_16.ep_1.wu_0.1/std" in parent.data.metrics
     assert "sentiment/lr_0.003.bs_16.ep_1.wu_0.1/median" not in parent.data.metrics  # incomplete: no median
     assert parent.data.metrics["points_incomplete"] == 1 and parent.data.metrics["trials_failed"] == 1

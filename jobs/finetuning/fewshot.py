@@ -51,7 +51,7 @@ from jobs.finetuning.readers import Split, Task
 from jobs.finetuning.sweep import MlflowTrials
 from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.trial import PretrainedEncoder, batches
-from jobs.names import FEWSHOT_EXPERIMENT, KIND_FEWSHOT, KIND_TAG, PRETRAINING_TAG
+from jobs.names import FEWSHOT_EXPERIMENT, KIND_FEWSHOT, KIND_TAG, PRETRAINING_TAG, SEED_STAT, fewshot_metric
 from jobs.ray_session import init_ray
 
 METHODS = ("prompt", "head")
@@ -376,8 +376,15 @@ def markdown(table: pd.DataFrame, shots: int, splits: int) -> str:
 
 def _log(client, run_id: str, trials: pd.DataFrame, table: pd.DataFrame, shots: int) -> None:
     now = int(time.time() * 1000)
-    metrics = [Metric(f"fewshot/{row['task']}/{row['method']}/{stat}", float(row[f"score_{stat}"]), now, 0)
+    metrics = [Metric(fewshot_metric(row["task"], row["method"], stat), float(row[f"score_{stat}"]), now, 0)
                for _, row in table.iterrows() if row.get("status") == "ok" for stat in ("mean", "std")]
+    # Each split's test accuracy at the chosen learning rate: what the claims' tests over splits read.
+    for _, row in table.iterrows():
+        if row.get("status") == "ok":
+            chosen = trials[(trials["task"] == row["task"]) & (trials["method"] == row["method"])
+                            & (trials["lr"] == row["lr"])]
+            metrics += [Metric(fewshot_metric(row["task"], row["method"], f"{SEED_STAT}{int(split)}"), float(test),
+                               now, 0) for split, test in zip(chosen["split"], chosen["test"]) if pd.notna(test)]
     if metrics:
         client.log_batch(run_id, metrics=metrics)
     client.log_text(run_id, trials.to_csv(index=False), "fewshot_trials.csv")

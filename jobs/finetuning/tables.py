@@ -17,7 +17,7 @@ from ray.tune import Result
 from jobs.finetuning.encoding import EncodedTask
 from jobs.finetuning.grid import data_key, trial_name
 from jobs.finetuning.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
-from jobs.names import best_point_tag, best_split_metric, best_task_metric, fraction_target
+from jobs.names import SEED_STAT, best_point_tag, best_split_metric, best_task_metric, fraction_target
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,14 @@ def point_key(row) -> str:
     return f"lr_{row['lr']:g}.bs_{int(row['batch_size'])}.ep_{int(row['epochs'])}.wu_{row['warmup']:g}"
 
 
+def best_point_seeds(trials: pd.DataFrame, best: pd.Series) -> dict[int, float]:
+    """{seed: score} of the trials at a task's best grid point (a complete point: every seed scored)."""
+    at = trials[(trials["task"] == best["task"]) & (trials["status"] == "ok")]
+    for column in GRID_COLUMNS:
+        at = at[at[column] == best[column]]
+    return {int(seed): float(score) for seed, score in zip(at["seed"], at["score"]) if pd.notna(score)}
+
+
 def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
     """Per grid point and best point statistics as parent metrics; every table as CSV and markdown artifacts."""
     now, metrics = int(time.time() * 1000), []
@@ -93,6 +101,8 @@ def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
             metrics += [Metric(best_task_metric(row["task"], column), float(row[column]), now, 0)
                         for column in out.table.columns
                         if column.endswith("_median") and column != "score_median" and pd.notna(row[column])]
+            metrics += [Metric(best_task_metric(row["task"], f"{SEED_STAT}{seed}"), score, now, 0)
+                        for seed, score in best_point_seeds(out.trials, row).items()]
     metrics.append(Metric("trials_failed", float((out.trials.drop_duplicates("trial")["status"] == "failed").sum()), now, 0))
     metrics.append(Metric("points_incomplete", float((~out.summary["complete"]).sum()), now, 0))
     for start in range(0, len(metrics), 1000):
