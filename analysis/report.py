@@ -47,7 +47,8 @@ from jobs.finetuning.medians import GLUE_TARGETS
 from jobs.finetuning.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         REPRESENT_ARTIFACT, REPRESENT_METRICS)
-from jobs.runs import experiment_ids, histories, latest_per_variant, pretraining_runs, sweep_scores, with_fractions
+from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_variant, pretraining_runs, sweep_scores,
+                       with_fractions)
 from jobs.studies.figures import pyplot, representation_figure, save
 
 BASELINE = "cocolm"
@@ -55,7 +56,9 @@ AVG = "AVG"
 RUN_COLUMNS = ["preset", "variant", "run_name", "run_id"]
 FIG8 = (("Copy accuracy", "copy_accuracy_replaced", "copy_accuracy_original"),
         ("LM accuracy", "lm_accuracy_replaced", "lm_accuracy_original"))
-FIG7 = (("(a) SCL positive-pair cosine", "scl_positive_cosine"), ("(b) SCL negative-pair cosine", "scl_negative_cosine"))
+FIG7 = (("(a) positive pairs: [CLS] (solid), SCL head (dashed)", "cls_positive_cosine", "scl_positive_cosine"),
+        ("(b) negative pairs: [CLS] (solid), SCL head (dashed)", "cls_negative_cosine", "scl_negative_cosine"))
+CLAIM_CURVES = ("loss",)  # read by the claims besides the figures' curves (the stop-gradient's stability)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -219,16 +222,19 @@ def build(client, experiment: str | None, out: Path) -> Report:
         (out / f"{name}.md").write_text(f"{title}\n\n" + score_markdown(df, with_diffs=diffs))
         files += [out / f"{name}.csv", out / f"{name}.md"]
     labels = {row["run_id"]: _label(row) for _, row in runs.iterrows()}
-    keys = [k for panel in (*FIG8, *FIG7) for k in panel[1:]]  # also every curve the claims read
+    keys = [*(k for panel in (*FIG8, *FIG7) for k in panel[1:]), *CLAIM_CURVES]  # every curve the claims read too
     hist = histories(client, list(labels), keys)
     for panels, title, name in ((FIG8, "Fig. 8: replaced (solid) vs original (dashed) tokens", "fig8_copy_lm_accuracy"),
-                                (FIG7, "Fig. 7a/b: SCL cosine during pretraining", "fig7_scl_cosine")):
+                                (FIG7, "Fig. 7a/b: cosine of SCL's pairs during pretraining", "fig7_scl_cosine")):
         made = curves_figure(hist, labels, panels, title, out / f"{name}.png")
         files += [made] if made else []
-    files += _representation(client, runs, out)
+    pairs = represent_pairs(client, runs)
+    files += _representation(runs, pairs, out)
     files += _label_fractions(runs, scores, out)
     files += pretraining_table(runs, out)
-    claims = judge(runs, hist, scores)
+    # Few-shot studies go to their own experiment by default: read them from the whole store, for these runs.
+    fewshot = fewshot_scores(client, experiment_ids(client, None))
+    claims = judge(runs, hist, scores, fewshot[fewshot["pretraining_run"].isin(runs["run_id"])], pairs)
     (out / "claims.md").write_text(claims_markdown(claims))
     files.append(out / "claims.md")
     return Report(out, table, ablation, files, claims=claims)
@@ -274,7 +280,23 @@ def plain_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _representation(client, runs: pd.DataFrame, out: Path) -> list[Path]:
+def represent_pairs(client, runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per run that jobs.studies.represent analysed, its per-pair [CLS] cosines (kind, cosine)."""
+    present = [f"metrics.{m}" for m in REPRESENT_METRICS if f"metrics.{m}" in runs.columns]
+    if not present:
+        return {}
+    pairs = {}
+    with tempfile.TemporaryDirectory(prefix="cocolm-report-") as tmp:
+        for _, row in runs[runs[present].notna().any(axis=1)].iterrows():
+            try:
+                local = client.download_artifacts(row["run_id"], REPRESENT_ARTIFACT, tmp)
+            except Exception:  # an older run with metrics but no per-pair file: table only
+                continue
+            pairs[row["run_id"]] = pd.read_csv(local)
+    return pairs
+
+
+def _representation(runs: pd.DataFrame, pairs: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     """The summary metrics table and the histogram figure of the runs that jobs.studies.represent analysed."""
     columns = [f"metrics.{m}" for m in REPRESENT_METRICS]
     present = [c for c in columns if c in runs.columns]
@@ -288,14 +310,7 @@ def _representation(client, runs: pd.DataFrame, out: Path) -> list[Path]:
     (out / "representation.md").write_text("Mean [CLS] cosine (Fig. 1/5)\n\n| variant | preset | random pairs | "
                                            "similar pairs | gap |\n|---|---|---|---|---|\n" + body + "\n")
     files = [out / "representation.csv", out / "representation.md"]
-    cosines = {}
-    with tempfile.TemporaryDirectory(prefix="cocolm-report-") as tmp:
-        for _, row in done.iterrows():
-            try:
-                local = client.download_artifacts(row["run_id"], REPRESENT_ARTIFACT, tmp)
-            except Exception:  # an older run with metrics but no per-pair file: table only
-                continue
-            cosines[_label(row)] = pd.read_csv(local)
+    cosines = {_label(row): pairs[row["run_id"]] for _, row in done.iterrows() if row["run_id"] in pairs}
     if cosines:
         files.append(representation_figure(cosines, out / "fig1_cls_cosine.png"))
     return files

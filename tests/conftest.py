@@ -15,7 +15,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task_metric
+from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, SEED_STAT, best_task_metric
 from model import Encoder, EncoderConfig
 from model.export import export_encoder
 
@@ -182,7 +182,7 @@ def pretraining_run_with_encoder(tmp_path: Path, exported: Path) -> tuple[str, M
 def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores: dict[str, float],
                    status: str = "FINISHED", spread: float | None = None) -> str:
     """A sweep parent run as jobs.finetuning leaves it: the best point's median per task (and a mean), and
-    with `spread` the seeds' min and max (median -/+ spread) over five seeds."""
+    with `spread` five seeds' scores (median + spread x -1, -1/2, 0, 1/2, 1) with their min and max."""
     run_id = client.create_run(exp, run_name="sweep", tags={KIND_TAG: KIND_SWEEP,
                                                             PRETRAINING_TAG: pretraining_run}).info.run_id
     for task, score in scores.items():
@@ -191,6 +191,8 @@ def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores:
         if spread is not None:
             client.log_metric(run_id, best_task_metric(task, "min"), score - spread)
             client.log_metric(run_id, best_task_metric(task, "max"), score + spread)
+            for seed, offset in enumerate((-1.0, -0.5, 0.0, 0.5, 1.0)):
+                client.log_metric(run_id, best_task_metric(task, f"{SEED_STAT}{seed}"), score + offset * spread)
     if spread is not None:
         client.log_param(run_id, "seeds", "0,1,2,3,4")
     client.set_terminated(run_id, status)
