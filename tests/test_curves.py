@@ -86,7 +86,8 @@ def test_training_writes_curves_with_heldout_accuracies_and_a_figure(packed, tmp
     printed = capsys.readouterr().out
     with out.open() as handle:
         written = list(csv.DictReader(handle))
-    assert [int(r["step"]) for r in written] == [r["step"] for r in rows] == [2, 4]
+    assert [int(r["step"]) for r in written] == [r["step"] for r in rows] == [0, 2, 4]  # step 0: the priors
+    assert written[0]["loss"] == "" and np.isfinite(float(written[0]["heldout_aux_mlm_accuracy"]))
     training_blocks = json.loads((packed / META_FILE).read_text())["blocks"] - len(split_heldout(np.load(packed / BLOCKS_FILE), 0)[1])
     assert float(written[-1]["epoch"]) == pytest.approx(4 * 16 / training_blocks, rel=1e-6)
     for key in ("loss", "aux_mlm_accuracy", "copy_accuracy_replaced", "heldout_aux_mlm_accuracy",
@@ -98,6 +99,35 @@ def test_training_writes_curves_with_heldout_accuracies_and_a_figure(packed, tmp
     figure = tmp_path / "both.png"
     run(CurvesOptions(plot=(str(out), str(out)), out=str(figure)))
     assert figure.stat().st_size > 10_000
+
+
+def test_a_slow_run_shows_progress_between_intervals_and_a_stopped_one_keeps_its_csv(packed, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """The study preset on a CPU logs every 100 steps of 20 s: the probe must not look frozen, and a run
+    stopped before its first interval must not leave an empty CSV."""
+    import jobs.studies.curves as curves
+
+    monkeypatch.setattr(curves, "HEARTBEAT_SECONDS", 0)
+    out = tmp_path / "slow.csv"
+    run(dataclasses.replace(_options(packed, out=str(out)), overrides=(*_options(packed).overrides, "train.log_every=4")))
+    printed = capsys.readouterr().out
+    assert "step 0/4 | held-out before training: aux_mlm" in printed
+    assert "step 1/4 | loss" in printed and "(running)" in printed and "held-out next at step 4" in printed
+
+    calls = []
+
+    def stopped(self, batches):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # a user's Ctrl-C, or a kill, during step 2
+        return original(self, batches)
+
+    original = curves.TrainingStep.__call__
+    monkeypatch.setattr(curves.TrainingStep, "__call__", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run(_options(packed, out=str(out)))
+    with out.open() as handle:
+        assert [row["step"] for row in csv.DictReader(handle)] == ["0"]
 
 
 def test_the_variant_decides_the_heads_judged(packed, tmp_path):

@@ -48,6 +48,8 @@ HELDOUT_FRACTION, HELDOUT_MAX = 0.05, 512  # blocks kept out of training for the
 # replaced tokens found is clear learning.
 LEFT_PRIOR = {"aux_mlm_accuracy": 0.10, "mlm_accuracy": 0.10, "lm_accuracy_replaced": 0.10,
               "copy_accuracy_replaced": 0.5}
+SHOWN = ("aux_mlm_accuracy", "mlm_accuracy", "copy_accuracy_replaced", "lm_accuracy_replaced")  # in progress lines
+HEARTBEAT_SECONDS = 30  # a progress line at least this often, even between log intervals
 PLOTTED = ("aux_mlm_accuracy", "mlm_accuracy", "copy_accuracy_replaced", "copy_accuracy_original",
            "lm_accuracy_replaced", "lm_accuracy_original", "scl_positive_cosine", "scl_negative_cosine")
 
@@ -128,13 +130,26 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
     rows, interval, started = [], Interval(), time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as handle:
-        writer = None
+        # Step 0 first: the heads' priors on the held-out blocks, and a CSV with a row from the start,
+        # so a run stopped before its first interval still leaves what it measured.
+        writer = csv.DictWriter(handle, fieldnames=csv_columns(model, held_batches, step.autocast), extrasaction="ignore")
+        writer.writeheader()
+        first = {"step": 0, "epoch": 0.0, "seconds": 0.0,
+                 **{f"heldout_{k}": v for k, v in heldout_metrics(model, held_batches, step.autocast).items()}}
+        writer.writerow(first)
+        handle.flush()
+        rows.append(first)
+        print(f"step 0/{cfg.train.max_steps} | held-out before training: " + held_out_text(first), flush=True)
+        heartbeat = time.perf_counter()
         for number in range(1, cfg.train.max_steps + 1):
             result = step(corrupted(next(source), cfg, generator, device) for _ in range(accumulation))
             for values in result.values:
                 interval.add(values)
             interval.record(number, result.grad_norm)
             if number % cfg.train.log_every and number != cfg.train.max_steps:
+                if time.perf_counter() - heartbeat >= HEARTBEAT_SECONDS:  # slow shapes: a sign of life
+                    print(heartbeat_line(number, cfg.train.max_steps, cfg.train.log_every, interval, step_tokens), flush=True)
+                    heartbeat = time.perf_counter()
                 continue
             bad = interval.nonfinite()  # read once per log line: the step itself never waits for the device
             if bad:
@@ -146,24 +161,44 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
                    "learning_rate": scheduler.get_last_lr()[0], "grad_norm": result.grad_norm.item(),
                    **interval.means(),
                    **{f"heldout_{k}": v for k, v in heldout_metrics(model, held_batches, step.autocast).items()}}
-            if writer is None:
-                writer = csv.DictWriter(handle, fieldnames=list(row), extrasaction="ignore")
-                writer.writeheader()
             writer.writerow(row)
             handle.flush()
             rows.append(row)
             print(progress_line(row, cfg.train.max_steps, seconds / interval.steps), flush=True)
-            interval = Interval()
+            interval, heartbeat = Interval(), time.perf_counter()
     return rows
 
 
+def csv_columns(model, held_batches: list[dict], autocast) -> list[str]:
+    """The CSV's columns: the step's bookkeeping, the training means and the held-out means of every value
+    the variant computes (one forward pass on a held-out batch names them)."""
+    model.eval()
+    with torch.no_grad(), autocast:
+        names = list(model(held_batches[0]).values())
+    model.train()
+    return ["step", "epoch", "seconds", "tokens_per_second", "learning_rate", "grad_norm", *names,
+            *(f"heldout_{name}" for name in names)]
+
+
+def held_out_text(row: dict) -> str:
+    return " ".join(f"{k.replace('_accuracy', '')} {row[f'heldout_{k}']:.3f}" for k in SHOWN if f"heldout_{k}" in row)
+
+
+def heartbeat_line(number: int, max_steps: int, log_every: int, interval: Interval, step_tokens: int) -> str:
+    """Between log intervals: the step, the interval's mean loss so far, tokens/s, the time left and when
+    the next held-out line comes."""
+    seconds = time.perf_counter() - interval.started
+    loss = interval.means().get("loss", math.nan)
+    next_log = min(max_steps, (number // log_every + 1) * log_every)
+    return (f"step {number}/{max_steps} | loss {loss:.3f} (running) | {interval.steps * step_tokens / seconds:,.0f} "
+            f"tok/s | {(max_steps - number) * seconds / interval.steps / 60:.1f} min left | held-out next at step "
+            f"{next_log}")
+
+
 def progress_line(row: dict, max_steps: int, step_seconds: float) -> str:
-    shown = [k for k in ("aux_mlm_accuracy", "mlm_accuracy", "copy_accuracy_replaced", "lm_accuracy_replaced")
-             if f"heldout_{k}" in row]
     left = (max_steps - row["step"]) * step_seconds
     return (f"step {row['step']}/{max_steps} | epoch {row['epoch']:.2f} | loss {row['loss']:.3f} | held-out "
-            + " ".join(f"{k.replace('_accuracy', '')} {row[f'heldout_{k}']:.3f}" for k in shown)
-            + f" | {row['tokens_per_second']:,.0f} tok/s | {left / 60:.1f} min left")
+            + held_out_text(row) + f" | {row['tokens_per_second']:,.0f} tok/s | {left / 60:.1f} min left")
 
 
 def left_prior(rows: list[dict]) -> dict[str, int | None]:
@@ -187,25 +222,30 @@ def read_curves(path: Path) -> dict[str, np.ndarray]:
 
 
 def plot(paths: list[Path], out: Path) -> Path:
-    """One panel per plotted accuracy (held-out where logged), a line per CSV."""
+    """One panel per plotted accuracy (held-out where logged), a line per CSV in the same colour in every
+    panel, one legend for the figure; points are marked, so a curve of one logged interval shows."""
     curves = {path.stem: read_curves(path) for path in paths}
     metrics = [m for m in PLOTTED if any(f"heldout_{m}" in c or m in c for c in curves.values())]
     plt = pyplot()
     columns, lines = min(3, len(metrics)), math.ceil(len(metrics) / 3)
-    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.2 * lines), squeeze=False)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.2 * lines + 0.3), squeeze=False)
+    colours = {label: f"C{i % 10}" for i, label in enumerate(curves)}
     for ax, metric in zip(axes.flat, metrics):
         for label, columns_of in curves.items():
             key = f"heldout_{metric}" if f"heldout_{metric}" in columns_of else metric
             if key in columns_of:
-                ax.plot(columns_of["step"], columns_of[key], label=label)
+                ax.plot(columns_of["step"], columns_of[key], marker="o", markersize=2.5, color=colours[label])
         if metric in LEFT_PRIOR:
             ax.axhline(LEFT_PRIOR[metric], color="grey", linestyle=":", linewidth=1)
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    return save(fig, "held-out accuracies against step (dotted: left the prior)", out)
+    handles = [plt.Line2D([], [], color=colours[label], marker="o", markersize=3) for label in curves]
+    fig.legend(handles, list(curves), loc="lower center", ncol=min(3, len(curves)), fontsize=8)
+    return save(fig, "held-out accuracies against step (dotted: left the prior)", out,
+                bottom=0.03 + 0.025 * math.ceil(len(curves) / 3))
 
 
 # ---------------------------------------------------------------- command

@@ -40,10 +40,11 @@ def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
     return save(fig, "[CLS] cosine similarity: random corpus pairs vs similar (SNLI entailment) pairs", path)
 
 
-def save(fig, title: str, path: Path) -> Path:
-    """Title, layout, write and close a figure; its path."""
+def save(fig, title: str, path: Path, bottom: float = 0.0) -> Path:
+    """Title, layout (leaving the lowest `bottom` of the figure to a figure legend), write and close a
+    figure; its path."""
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=110)
     pyplot().close(fig)
     return path
