@@ -22,7 +22,9 @@ HERMETIC_ENV = {
     # the environment first): an error-level line Ray Train's own PreemptionWatcher actor triggers on
     # every run, and Ray Data's deprecation warning (two lines) from inside Ray Train's dataset manager.
     "RAY_DEDUP_LOGS_SKIP_REGEX": (r"PreemptionWatcher.*constructor arguments in the object store|"
-                                  r"RayDeprecationWarning|^\s*self\.exclude_resources = exclude_resources\s*$"),
+                                  r"RayDeprecationWarning|^\s*self\.exclude_resources = exclude_resources\s*$|"
+                                  # and Ray Data's note, from each dataset's coordinator, that its bars are off
+                                  r"Progress bars disabled\. To enable"),
 }
 
 

@@ -29,9 +29,16 @@ def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
                 logging.getLogger(__name__).warning(
                     "RAY_AUTH_MODE=disabled: anyone who can reach this machine's Ray ports can run code as you "
                     "(docs/design.md section 8); unset it to keep Ray's token authentication")
+            # Ray's notice that it turned token authentication on ends "Set RAY_AUTH_MODE=disabled to opt
+            # out": advice this platform never gives (docs/design.md section 8). Its warning for a
+            # cluster started without authentication stays.
+            logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+                lambda record: "to opt out" not in record.getMessage())
             ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
             private_token_file()
     quiet_ray_data(sys.stdout.isatty())
+    if not sys.stdout.isatty():  # worker lines reach a log file or a pipe: no ANSI colour codes in them
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def token_file() -> Path | None:

@@ -51,6 +51,8 @@ def test_the_worker_lines_the_driver_drops_are_only_rays_own_noise():
         "/x/ray/data/_internal/execution/interfaces/execution_options.py:436: RayDeprecationWarning: "
         "`ExecutionOptions.exclude_resources` is deprecated and will be removed",
         "  self.exclude_resources = exclude_resources",
+        "2026-11-24 01:42:25,050\tWARNING __init__.py:28 -- Progress bars disabled. To enable, set "
+        "`ray.data.DataContext.get_current().enable_progress_bars = True`.",
     ]
     kept = ["step 10/20 | loss 54.435 | aux_mlm 8.288 copy 0.674 | lr 1.00e-04 | 11,000 tok/s | 0m12s left",
             "resumed from /tmp/x/checkpoint_step_00000010 at step 10", "Traceback (most recent call last):",
@@ -126,3 +128,5 @@ def test_a_local_ray_started_by_a_job_refuses_its_job_api_to_requests_without_it
             ray_process.kill()
             ray_process.wait()
         shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    # Ray's "token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out" is not passed on
+    assert "opt out" not in (tmp_path / "ray.log").read_text()

@@ -66,7 +66,7 @@ def test_every_preset_resolves_with_every_variant():
             assert cfg.model.hidden_size % cfg.model.num_heads == 0
     assert resolve("tiny", "crop_0.7").data.crop_fraction == 0.7
     assert resolve("base", "no_rel_pos").model.relative_position is False
-    assert set(available_presets()) == {"tiny", "small", "study", "base", "base++", "large++"}
+    assert set(available_presets()) == {"tiny", "small", "study", "study-cpu", "base", "base++", "large++"}
 
 
 def test_yaml_variants_extend_a_built_in_one(tmp_path, monkeypatch):
@@ -477,9 +477,10 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         logs = subprocess.run([ray_bin, "job", "logs", "--address", "http://127.0.0.1:8265", job_id], env=env,
                               capture_output=True, text=True, check=True)
         assert "step 10/10" in logs.stdout
-        # Without a terminal: our progress lines; no progress-bar frames, tips, error-level Ray internals
-        # or deprecation warnings.
-        for noise in ("row/s]", "Tip:", "PreemptionWatcher", "DeprecationWarning"):
+        # Without a terminal: our progress lines; no progress-bar frames, tips, error-level Ray internals,
+        # deprecation warnings, ANSI colour codes, or advice to switch authentication off.
+        for noise in ("row/s]", "Tip:", "PreemptionWatcher", "DeprecationWarning", "\x1b[", "Progress bars disabled",
+                      "opt out"):
             assert noise not in logs.stdout, noise
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True)
