@@ -57,8 +57,9 @@ def rendered_dom(chromium: str, url: str, profile: Path, budget_ms: int = 30_000
 @pytest.mark.timeout(400)
 def test_compare_runs_page_lists_both_variant_runs(tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.fail(f"headless Chromium is needed to check the MLflow UI; install it with: {INSTALL}")
+    if chromium is None:  # CI installs it (tests/system_packages.sh, the README's test command): there it must run
+        message = f"headless Chromium is needed to check the MLflow UI; install it with: {INSTALL}"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = experiment_id(client, "ablation-tiny", uri)
