@@ -44,15 +44,24 @@ def test_a_checkpoint_dir_gives_its_main_encoder(tmp_path, tokenizer_dir):
     assert encoder_from_checkpoint(tmp_path / "ckpt").cfg == model.main.cfg
 
 
-def test_from_last_picks_the_newest_finished_pretraining_run(tmp_path):
+def test_from_last_picks_the_newest_finished_pretraining_run_of_any_experiment(tmp_path, capsys):
+    """After an ablation study the newest pretraining run is in `ablation-<preset>`, not `pretraining`;
+    sweeps and unfinished runs are never taken."""
     from jobs.finetuning.encoders import latest_pretraining_run
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    with pytest.raises(ValueError, match="no finished run"):
+    with pytest.raises(ValueError, match="no finished pretraining run"):
         latest_pretraining_run(client)
-    experiment = client.create_experiment("pretraining", artifact_location=(tmp_path / "art").as_uri())
-    older, newer, running = (client.create_run(experiment).info.run_id for _ in range(3))
-    for run_id in (older, newer):
+    runs = []
+    for experiment, kind in (("pretraining", "pretraining"), ("ablation-tiny", "pretraining"),
+                             ("ablation-tiny", "finetuning-sweep"), ("ablation-tiny", "pretraining")):
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(
+            experiment, artifact_location=(tmp_path / experiment).as_uri())
+        runs.append(client.create_run(experiment_id, tags={"kind": kind, "variant": "cocolm", "preset": "tiny"}).info.run_id)
+    older, newer, sweep, running = runs
+    for run_id in (older, newer, sweep):
         time.sleep(0.01)
         client.set_terminated(run_id, "FINISHED")
     assert latest_pretraining_run(client) == newer
+    assert f"pretraining run {newer} (tiny / cocolm, experiment 'ablation-tiny')" in capsys.readouterr().out

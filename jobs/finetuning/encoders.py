@@ -13,23 +13,27 @@ from mlflow.tracking import MlflowClient
 from model.classifier import lm_head_parts, load_encoder, load_lm_head
 
 from jobs.finetuning.trial import PretrainedEncoder
-from jobs.names import PRETRAINING_EXPERIMENT
+from jobs.names import KIND_PRETRAINING, KIND_TAG
 from jobs.pretraining import checkpoint
 
 LATEST = "last"  # --from last: the newest finished pretraining run in the store
 
 
-def latest_pretraining_run(client: MlflowClient, experiment: str = PRETRAINING_EXPERIMENT) -> str:
-    """The id of the most recently finished pretraining run (what `jobs.pretraining.job` just printed)."""
-    found = client.get_experiment_by_name(experiment)
-    runs = [] if found is None else client.search_runs(
-        [found.experiment_id], filter_string="attributes.status = 'FINISHED'", order_by=["attributes.end_time DESC"],
-        max_results=1,
-    )
+def latest_pretraining_run(client: MlflowClient) -> str:
+    """The id of the most recently finished pretraining run in any experiment of the store (the
+    `pretraining` experiment of `jobs.pretraining`, or an ablation study's): what was just printed."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = [] if not experiments else client.search_runs(
+        experiments, filter_string=f"tags.{KIND_TAG} = '{KIND_PRETRAINING}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.end_time DESC"], max_results=1)
     if not runs:
-        raise ValueError(f"--from {LATEST}: no finished run in experiment {experiment!r} of this MLflow store; "
-                         f"run `python -m jobs.pretraining` first or pass a run id or directory")
-    return runs[0].info.run_id
+        raise ValueError(f"--from {LATEST}: no finished pretraining run in this MLflow store; run "
+                         f"`python -m jobs.pretraining` first or pass a run id or directory")
+    run = runs[0]
+    experiment = client.get_experiment(run.info.experiment_id).name
+    print(f"--from {LATEST}: pretraining run {run.info.run_id} ({run.data.tags.get('preset', '?')} / "
+          f"{run.data.tags.get('variant', '?')}, experiment {experiment!r})", flush=True)
+    return run.info.run_id
 
 
 def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) -> PretrainedEncoder:
