@@ -22,22 +22,43 @@ def pyplot():
 
 
 def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
-    """Paper Fig. 1/5: per variant (side by side) histograms of [CLS] cosine similarity of random corpus
-    pairs and of similar pairs. `cosines` maps a label to a frame with columns kind (random|similar), cosine."""
+    """Paper Fig. 1/5: per variant histograms of [CLS] cosine similarity of random corpus pairs and of similar
+    pairs, on one shared x range (so panels compare), as the share of each kind's pairs per bin. `cosines`
+    maps a label to a frame with columns kind (random|similar), cosine. Readable at 13 variants: at most 4
+    panels a row, few ticks, no offset notation; a range narrower than 0.01 is said in the title (the
+    vectors are nearly parallel: a collapsed, early model)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(cosines), figsize=(4 * len(cosines), 3.5), squeeze=False, sharey=False)
-    for ax, (label, df) in zip(axes[0], cosines.items()):
-        # Bins over the panel's own range: on [-1, 1] a collapsed (early, tiny) model is one bar at 1.0.
-        low, high = float(df["cosine"].min()), float(df["cosine"].max())
-        bins = np.linspace(low, max(high, low + 1e-6), 41)
+    from matplotlib.ticker import MaxNLocator
+
+    values = np.concatenate([df["cosine"].to_numpy(dtype=float) for df in cosines.values()])
+    low, high = float(values.min()), float(values.max())
+    bins = np.linspace(low, max(high, low + 1e-6), 41)
+    narrow = high - low < 0.01
+    columns = min(4, len(cosines))
+    rows = -(-len(cosines) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.0 * rows + 0.6), squeeze=False,
+                             sharex=True, sharey=True)
+    for ax, (label, df) in zip(axes.flat, cosines.items()):
         for kind, colour in (("random", "C0"), ("similar", "C3")):
-            values = df.loc[df["kind"] == kind, "cosine"]
-            ax.hist(values, bins=bins, alpha=0.6, color=colour, density=True,
-                    label=f"{kind} pairs (mean {values.mean():.4f})")
+            chosen = df.loc[df["kind"] == kind, "cosine"].to_numpy(dtype=float)
+            if len(chosen):
+                ax.hist(chosen, bins=bins, alpha=0.6, color=colour, weights=np.full(len(chosen), 1 / len(chosen)),
+                        label=f"{kind} (mean {chosen.mean():.{5 if narrow else 3}f})")
         ax.set_title(label, fontsize=9)
-        ax.set_xlabel("cosine similarity of [CLS]")
         ax.legend(fontsize=7)
-    return save(fig, "[CLS] cosine similarity: random corpus pairs vs similar (SNLI entailment) pairs", path)
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.ticklabel_format(axis="x", useOffset=False)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cosines):]:
+        ax.axis("off")
+    for i, ax in enumerate(list(axes.flat)[:len(cosines)]):
+        ax.tick_params(labelbottom=True)  # shared x: every panel keeps its tick labels (a short last row too)
+        if i + columns >= len(cosines):  # the lowest panel of its column
+            ax.set_xlabel("cosine of the two [CLS] vectors")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of the pairs")
+    note = f"\nall within [{low:.4f}, {high:.4f}]: nearly parallel vectors" if narrow else ""
+    return save(fig, "[CLS] cosine: random corpus pairs vs similar (SNLI entailment) pairs" + note, path)
 
 
 def save(fig, title: str, path: Path, bottom: float = 0.0) -> Path:
