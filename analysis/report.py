@@ -246,8 +246,11 @@ def _label_fractions(runs: pd.DataFrame, scores: pd.DataFrame, out: Path) -> lis
     if table.empty:
         return []
     table.to_csv(out / "label_fractions.csv", index=False)
+    shown = table.assign(**{c: [f"{100 * v:.2f}" if pd.notna(v) else "-" for v in table[c].astype(float)]
+                            for c in ("score", "min", "max")})
     (out / "label_fractions.md").write_text("Fine-tuning on fractions of the labels (Fig. 7c/d): best grid point per "
-                                            "fraction: median, min and max over seeds (0..1)\n\n" + plain_markdown(table))
+                                            "fraction: median, min and max over seeds, x100 as every score table\n\n"
+                                            + plain_markdown(shown))
     return [out / "label_fractions.csv", out / "label_fractions.md",
             label_fraction_figure(table, out / "fig7cd_label_fractions.png")]
 

@@ -182,6 +182,8 @@ def test_label_fractions_get_their_table_figure_and_claim_and_stay_out_of_table_
     assert list(cocolm["fraction"]) == [0.01, 0.1, 1.0] and list(cocolm["score"]) == pytest.approx([0.50, 0.60, 0.70])
     assert list(cocolm["min"]) == pytest.approx([0.49, 0.59, 0.69])
     assert (tmp_path / "out" / "fig7cd_label_fractions.png").stat().st_size > 10_000
+    markdown = (tmp_path / "out" / "label_fractions.md").read_text()
+    assert "x100" in markdown and "| 50.00 | 49.00 | 51.00 |" in markdown  # the scale of every other score table
     claim = next(c for c in report.claims if c.source == "Fig. 7c/d")
     assert claim.verdict == "holds" and "gain x100 +6.00 at 0.01, +1.00 at 1" in claim.numbers
     assert "5+ seeds per point" in claim.basis
