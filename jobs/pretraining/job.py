@@ -175,7 +175,7 @@ class PretrainOptions:
     tracking_uri: str | None = field(default=None, metadata=option(
         "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
     storage: str | None = field(default=None, metadata=option(
-        "checkpoint storage: local dir or s3:// gs:// URI (default: $COCOLM_HOME)"))
+        "checkpoint storage: local dir or s3:// gs:// URI (default: $COCOLM_HOME/ray_results)"))
     workers: int | None = field(default=None, metadata=option("Ray Train workers (sets cluster.workers)"))
     gpus_per_worker: float | None = field(default=None, metadata=option("sets cluster.gpus_per_worker"))
     name: str | None = field(default=None, metadata=option(
