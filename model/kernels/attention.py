@@ -1,0 +1,509 @@
+"""Fused attention with COCO-LM's relative position bias and attention dropout, in Triton
+(docs/design.md section 7.2).
+
+    out = dropout(softmax(q k^T / sqrt(d) + bias[j - i] + padding)) v        (B, heads, T, d)
+
+One flash-style kernel computes this without any (B, heads, T, T) tensor, forward or backward:
+
+- **Inputs.** q, k, v (B, heads, T, d) in fp16, bf16 or fp32, last dimension contiguous (the encoder's
+  q, k, v are views of one fused projection; they are read in place); the relative bias by distance,
+  (heads, 2T - 1) fp32, entry j - i + T - 1 for query i and key j, gathered in torch from the bucket
+  table (`RelativePositionBias.by_distance`) so that the table's gradient flows through torch; the
+  real keys as a (B, T) bool mask (None: no padding); the dropout probability; and a seed *tensor*
+  (an int64 scalar on the device, drawn from torch's generator when not given), so a replayed CUDA
+  graph draws a new mask on each replay and `torch.manual_seed` makes runs repeat.
+- **Forward.** Per (batch, head) and block of queries, a loop over key blocks with the online
+  softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2T - 1) row; padding
+  keys get -inf. Dropout multiplies the probabilities after the softmax's normaliser is taken (the
+  normaliser sums the undropped probabilities), kept values scaled by 1 / (1 - p) as torch's
+  dropout does. The mask is Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed,
+  with a counter that is the flat index of the group's first element in (B, heads, T, T): it depends
+  only on (batch, head, query, key), never on the tiling, and the backward regenerates it. The
+  logsumexp per row (log2 units) is kept for the backward.
+- **Backward.** delta = rowsum(dO * O) in torch (one (B, heads, T) tensor), then dK and dV in one loop
+  over key blocks (each program owns a key block and walks the query blocks), dQ in another (each
+  program owns a query block and walks the key blocks): no atomics for dQ. The bias gradient is
+  reduced inside each (query, key) tile of the dK/dV loop along its diagonals (each (i, j) adds to
+  distance index j - i + T - 1; a tile of M x N has M + N - 1 diagonals, summed with `tl.gather` and
+  one column sum) and added with M + N - 1 `tl.atomic_add`s per tile into a (heads, 2T - 1) fp32
+  buffer (`BIAS_GRADIENT = "elementwise"`: one atomic per element, the simple reduction, kept to
+  compare on a GPU).
+- **Rows without a real key** (a row of padding only) give 0 and no gradient; SDPA and the
+  reference give NaN there.
+
+Wrapped as the custom op `cocolm::relative_attention` (with `register_fake` and `register_autograd`;
+its backward is the op `cocolm::relative_attention_backward`), so it works under
+`torch.compile(fullgraph=True)`. triton is an optional import: without it this module still imports
+and the op raises, naming the cause. On CPU the kernels run under Triton's interpreter when
+TRITON_INTERPRET=1 was set before triton was first imported (the CPU tests do that in a child
+process); the interpreter is exact in fp32 and fp16, not in bf16 (triton-lang/triton#11584).
+
+Not timed on a GPU yet: the tiles (`default_blocks`), warps and stages are first choices, not
+measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as error:  # the CPU wheel of torch does not bring triton; `import model` must still work
+    triton = tl = None
+    TRITON_MISSING: str | None = f"{type(error).__name__}: {error}"
+
+    def _jit(fn):
+        return fn  # never launched: every entry point checks TRITON_MISSING first
+else:
+    TRITON_MISSING = None
+    _jit = triton.jit
+
+# How the dK/dV loop reduces the bias gradient: "diagonal" (per tile along its diagonals, M + N - 1
+# atomics per tile) or "elementwise" (one atomic per (query, key) element; simple, slow, correct).
+BIAS_GRADIENTS = ("diagonal", "elementwise")
+BIAS_GRADIENT = "diagonal"
+
+
+# ----------------------------------------------------------------------------- Triton kernels
+
+@_jit
+def _keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) bool for queries offs_m and keys start_n ...: which probabilities dropout
+    keeps. One Philox call gives 4 numbers: one call per 4 consecutive keys, its counter the flat
+    index of the group's first element in (B, heads, T, T) (start_n is a multiple of 4)."""
+    groups = start_n + 4 * tl.arange(0, BLOCK_N // 4)
+    counter = (bh.to(tl.int64) * T + offs_m)[:, None] * T + groups[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)
+    bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK_M, BLOCK_N))
+    return tl.random.uint_to_uniform_float(bits) >= dropout_p
+
+
+@_jit
+def _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK: tl.constexpr):
+    """(BLOCK_N,) bool: keys inside the sequence and, with a mask, real."""
+    ok = offs_n < T
+    if HAS_MASK:
+        ok = ok & (tl.load(KEY_MASK_ROW + offs_n, mask=offs_n < T, other=0) != 0)
+    return ok
+
+
+@_jit
+def _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale,
+            HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) logits in log2 units: (q k^T / sqrt(d) + bias[j - i]) * log2(e), -inf on
+    keys that are padding or past T."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if HAS_BIAS:
+        distance = offs_n[None, :] - offs_m[:, None] + T - 1
+        s += tl.load(BIAS_ROW + distance, mask=row_ok[:, None] & (offs_n < T)[None, :], other=0.0) * 1.4426950408889634
+    return tl.where(key_ok[None, :], s, float("-inf"))
+
+
+@_jit
+def _forward_kernel(
+    Q, K, V, BIAS, KEY_MASK, SEED, OUT, LSE,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    stride_ob, stride_oh, stride_ot, stride_bias_h, stride_mask_b,
+    H, T, sm_scale, dropout_p,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    K_BH = K + b * stride_kb + h * stride_kh
+    V_BH = V + b * stride_vb + h * stride_vh
+    BIAS_ROW = BIAS + h * stride_bias_h
+    KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    for start_n in range(0, T, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
+        k = tl.load(K_BH + offs_n[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+        key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
+        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no real key yet: keep exp2 finite
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser sums the probabilities before dropout
+        if DROPOUT:
+            p = tl.where(_keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N), p * keep_scale, 0.0)
+        v = tl.load(V_BH + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    has_key = l_i > 0
+    l_i = tl.where(has_key, l_i, 1.0)
+    out = acc / l_i[:, None]
+    tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+             out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    # log2 units; +inf on a row without a real key, so the backward's probabilities there are 0
+    tl.store(LSE + bh.to(tl.int64) * T + offs_m, tl.where(has_key, m_i + tl.log2(l_i), float("inf")), mask=row_ok)
+
+
+@_jit
+def _backward_dkdv_kernel(
+    Q, K, V, BIAS, KEY_MASK, SEED, DO, LSE, DELTA, DK, DV, DBIAS,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    stride_dob, stride_doh, stride_dot, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+    stride_bias_h, stride_dbias_h, stride_mask_b,
+    H, T, sm_scale, dropout_p,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DIAGONALS: tl.constexpr,
+    HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dK, dV of one key block, walking every query block; the bias gradient of each tile reduced
+    along its diagonals (BIAS_GRAD 1) or element by element (2) into DBIAS with atomics (0: none)."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    key_ok = _key_ok(KEY_MASK + b * stride_mask_b, offs_n, T, HAS_MASK)
+    Q_BH = Q + b * stride_qb + h * stride_qh
+    DO_BH = DO + b * stride_dob + h * stride_doh
+    BIAS_ROW = BIAS + h * stride_bias_h
+    DBIAS_ROW = DBIAS + h * stride_dbias_h
+    qk_scale = sm_scale * 1.4426950408889634
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    if BIAS_GRAD == 1:
+        # column c of the skewed tile holds the diagonal j - i = c - (BLOCK_M - 1) of the (i, j) tile
+        rows = tl.arange(0, BLOCK_M)[:, None]
+        columns = tl.arange(0, DIAGONALS)
+        skewed = columns[None, :] + rows - (BLOCK_M - 1)  # the key inside the tile each entry reads
+        on_tile = (skewed >= 0) & (skewed < BLOCK_N)
+        skewed = tl.where(on_tile, skewed, 0)
+    for start_m in range(0, T, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < T
+        qd_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q_BH + offs_m[:, None] * stride_qt + offs_d[None, :], mask=qd_mask, other=0.0)
+        do = tl.load(DO_BH + offs_m[:, None] * stride_dot + offs_d[None, :], mask=qd_mask, other=0.0)
+        lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
+        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
+        p = tl.exp2(s - lse[:, None])  # the softmax, (BLOCK_M, BLOCK_N)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dL/d(dropped probabilities)
+        if DROPOUT:
+            keep = _keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N)
+            p_dropped = tl.where(keep, p * keep_scale, 0.0)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
+        else:
+            p_dropped = p
+        dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])  # dL/d(logits); rows past T or without a real key have p = 0
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if BIAS_GRAD == 1:
+            diagonal = tl.sum(tl.where(on_tile, tl.gather(ds, skewed, axis=1), 0.0), axis=0)  # (DIAGONALS,)
+            distance = start_n - start_m - (BLOCK_M - 1) + columns + T - 1
+            ok = (columns < BLOCK_M + BLOCK_N - 1) & (distance >= 0) & (distance < 2 * T - 1)
+            tl.atomic_add(DBIAS_ROW + distance, diagonal, mask=ok, sem="relaxed")
+        if BIAS_GRAD == 2:
+            distance = offs_n[None, :] - offs_m[:, None] + T - 1
+            tl.atomic_add(DBIAS_ROW + distance, ds, mask=row_ok[:, None] & (offs_n < T)[None, :], sem="relaxed")
+    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@_jit
+def _backward_dq_kernel(
+    Q, K, V, BIAS, KEY_MASK, SEED, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt, stride_bias_h, stride_mask_b,
+    H, T, sm_scale, dropout_p,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dQ of one query block, walking every key block (each program writes only its own rows)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    d_ok = offs_d < HEAD_DIM
+    qd_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                mask=qd_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
+                 mask=qd_mask, other=0.0)
+    lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
+    K_BH = K + b * stride_kb + h * stride_kh
+    V_BH = V + b * stride_vb + h * stride_vh
+    BIAS_ROW = BIAS + h * stride_bias_h
+    KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
+    qk_scale = sm_scale * 1.4426950408889634
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+    for start_n in range(0, T, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
+        k = tl.load(K_BH + offs_n[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V_BH + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
+        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
+        p = tl.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+@_jit
+def _keep_mask_kernel(SEED, OUT, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dropout mask of a (B, heads, T, T) problem, written out (debugging and tests only)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    bh = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _keep(tl.load(SEED), bh, offs_m, pid_n * BLOCK_N, T, dropout_p, BLOCK_M, BLOCK_N)
+    tl.store(OUT + (bh.to(tl.int64) * T + offs_m[:, None]) * T + offs_n[None, :], keep.to(tl.int8),
+             mask=(offs_m < T)[:, None] & (offs_n < T)[None, :])
+
+
+# ----------------------------------------------------------------------------- launching
+
+def default_blocks(device: torch.device) -> tuple[int, int]:
+    """(query block, key block) used by all three kernels. On a GPU 64 x 64 (fits the shared memory
+    of any recent GPU at d <= 128 with 2 stages; not tuned on a GPU yet); under the interpreter 32 x 32."""
+    return (64, 64) if device.type == "cuda" else (32, 32)
+
+
+def interpreted() -> bool:
+    """Whether the kernels run under Triton's interpreter (TRITON_INTERPRET=1 before triton's import)."""
+    return TRITON_MISSING is None and not isinstance(_forward_kernel, triton.runtime.JITFunction)
+
+
+def _check_runnable(device: torch.device) -> None:
+    if TRITON_MISSING is not None:
+        raise RuntimeError(f"the Triton attention kernel needs triton ({TRITON_MISSING})")
+    if device.type != "cuda" and not interpreted():
+        raise RuntimeError("the Triton attention kernel runs on CUDA devices, or on CPU under Triton's interpreter "
+                           "(TRITON_INTERPRET=1 set before triton is first imported)")
+
+
+def _launch_options(block_m: int, block_n: int) -> dict[str, int]:
+    return {"num_warps": 4 if block_m * block_n <= 64 * 64 else 8, "num_stages": 2}
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get fp32 products ('ieee') unless torch allows TF32 matmuls; half types ignore it."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _transposed_like(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """An empty (B, heads, T, d) tensor laid out as (B, T, heads, d) in memory: the encoder's next step,
+    `transpose(1, 2).reshape(B, T, heads * d)`, is then a view, not a copy."""
+    batch, heads, seq_len, dim = x.shape
+    return x.new_empty((batch, seq_len, heads, dim), dtype=dtype).transpose(1, 2)
+
+
+def _last_contiguous(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _optional_args(q: Tensor, bias: Tensor | None, key_mask: Tensor | None, seed: Tensor | None):
+    """Pointers for the optional inputs (q stands in for an absent one: the kernel never reads it)."""
+    bias_arg = q if bias is None else bias
+    mask_arg = q if key_mask is None else key_mask.contiguous().view(torch.uint8)
+    seed_arg = q if seed is None else seed
+    strides = (0 if bias is None else bias.stride(0), 0 if key_mask is None else mask_arg.stride(0))
+    return bias_arg, mask_arg, seed_arg, strides
+
+
+def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tuple[Tensor, Tensor]:
+    _check_runnable(q.device)
+    q, k, v = (_last_contiguous(x) for x in (q, k, v))
+    batch, heads, seq_len, dim = q.shape
+    out = _transposed_like(q)
+    lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device)
+    bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
+    grid = (triton.cdiv(seq_len, block_m), batch * heads)
+    _forward_kernel[grid](
+        q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
+        heads, seq_len, 1.0 / math.sqrt(dim), float(dropout_p),
+        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
+        PRECISION=_precision(q.dtype), **_launch_options(block_m, block_n),
+    )
+    return out, lse
+
+
+def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
+    _check_runnable(q.device)
+    dout, q, k, v = (_last_contiguous(x) for x in (dout, q, k, v))
+    batch, heads, seq_len, dim = q.shape
+    delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, heads, T): rowsum(dO * O)
+    dq, dk, dv = _transposed_like(q), _transposed_like(k), _transposed_like(v)
+    bias_grad = {"none": 0, "diagonal": 1, "elementwise": 2}[bias_gradient if bias is not None else "none"]
+    dbias = (torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_grad
+             else q.new_empty((0,), dtype=torch.float32))
+    bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
+    shared = dict(HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_m, BLOCK_N=block_n,
+                  HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
+                  PRECISION=_precision(q.dtype), **_launch_options(block_m, block_n))
+    sm_scale = 1.0 / math.sqrt(dim)
+    _backward_dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * heads)](
+        q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias if bias_grad else q,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        stride_bias, dbias.stride(0) if bias_grad else 0, stride_mask, heads, seq_len, sm_scale, float(dropout_p),
+        BIAS_GRAD=bias_grad, DIAGONALS=triton.next_power_of_2(block_m + block_n - 1), **shared,
+    )
+    _backward_dq_kernel[(triton.cdiv(seq_len, block_m), batch * heads)](
+        q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dq,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
+        stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p), **shared,
+    )
+    return dq, dk, dv, dbias
+
+
+# ----------------------------------------------------------------------------- the custom ops
+
+@torch.library.custom_op("cocolm::relative_attention", mutates_args=())
+def relative_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], key_mask: Optional[Tensor], seed: Optional[Tensor],
+    dropout_p: float, block_m: int, block_n: int,
+) -> tuple[Tensor, Tensor]:
+    """(out (B, heads, T, d), logsumexp per row (B, heads, T) fp32 in log2 units); see `relative_attention`."""
+    return _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n)
+
+
+@relative_attention_op.register_fake
+def _(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n):
+    batch, heads, seq_len, _ = q.shape
+    return _transposed_like(q), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+
+
+@torch.library.custom_op("cocolm::relative_attention_backward", mutates_args=())
+def relative_attention_backward_op(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, bias: Optional[Tensor],
+    key_mask: Optional[Tensor], seed: Optional[Tensor], dropout_p: float, block_m: int, block_n: int,
+    bias_gradient: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dbias); dbias is (heads, 2T - 1) fp32, or empty when there is no bias to learn."""
+    return _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient)
+
+
+@relative_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
+    learns_bias = bias is not None and bias_gradient != "none"
+    dbias = (q.new_empty(bias.shape, dtype=torch.float32) if learns_bias
+             else q.new_empty((0,), dtype=torch.float32))
+    return _transposed_like(q), _transposed_like(k), _transposed_like(v), dbias
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, bias, key_mask, seed)
+    ctx.dropout_p, ctx.block_m, ctx.block_n = dropout_p, block_m, block_n
+
+
+def _backward_formula(ctx, dout, dlse):
+    q, k, v, out, lse, bias, key_mask, seed = ctx.saved_tensors
+    bias_gradient = BIAS_GRADIENT if bias is not None and ctx.needs_input_grad[3] else "none"
+    dq, dk, dv, dbias = relative_attention_backward_op(
+        dout, q, k, v, out, lse, bias, key_mask, seed, ctx.dropout_p, ctx.block_m, ctx.block_n, bias_gradient)
+    return dq, dk, dv, (dbias if bias_gradient != "none" else None), None, None, None, None, None
+
+
+relative_attention_op.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- the entry points
+
+def relative_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, key_mask: Tensor | None = None,
+    dropout_p: float = 0.0, seed: Tensor | None = None, blocks: tuple[int, int] | None = None,
+) -> Tensor:
+    """dropout(softmax(q k^T / sqrt(d) + bias[:, j - i + T - 1] + padding)) v, fused; (B, heads, T, d).
+
+    `bias` (heads, 2T - 1), fp32 (cast if not), gets a gradient; `key_mask` (B, T) bool, True on real
+    keys, None for none padded; `seed` an int64 scalar tensor on q's device (drawn from torch's
+    generator when None and dropout is on); `blocks` (query block, key block), powers of two >= 16
+    (`default_blocks`). The output is laid out as (B, T, heads, d) in memory.
+    """
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must share one (B, heads, T, d) shape, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one of fp16, bf16, fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    batch, heads, seq_len, dim = q.shape
+    if dim > 256:
+        raise ValueError(f"head size {dim} is above the kernel's 256")
+    if bias is not None:
+        if tuple(bias.shape) != (heads, 2 * seq_len - 1):
+            raise ValueError(f"bias must be (heads, 2T - 1) = ({heads}, {2 * seq_len - 1}), got {tuple(bias.shape)}")
+        bias = _last_contiguous(bias.float())
+    if key_mask is not None:
+        if tuple(key_mask.shape) != (batch, seq_len) or key_mask.dtype != torch.bool:
+            raise ValueError(f"key_mask must be bool ({batch}, {seq_len}), "
+                             f"got {key_mask.dtype} {tuple(key_mask.shape)}")
+    if dropout_p > 0:
+        if seed is None:
+            seed = torch.randint(0, 2**62, (), device=q.device, dtype=torch.int64)
+        elif seed.dtype != torch.int64 or seed.numel() != 1:
+            raise ValueError(f"seed must be one int64 element, got {seed.dtype} with {seed.numel()} elements")
+    else:
+        seed = None
+    block_m, block_n = blocks or default_blocks(q.device)
+    for block in (block_m, block_n):
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"blocks must be powers of two >= 16, got {blocks}")
+    return relative_attention_op(q, k, v, bias, key_mask, seed, float(dropout_p), block_m, block_n)[0]
+
+
+def dropout_keep_mask(
+    seed: Tensor, batch: int, heads: int, seq_len: int, dropout_p: float, blocks: tuple[int, int] | None = None,
+) -> Tensor:
+    """(B, heads, T, T) bool: the probabilities the kernels keep for this seed (debugging and tests; it
+    materialises what the kernels never do). Kept values are scaled by 1 / (1 - dropout_p)."""
+    _check_runnable(seed.device)
+    block_m, block_n = blocks or default_blocks(seed.device)
+    keep = torch.empty((batch, heads, seq_len, seq_len), dtype=torch.int8, device=seed.device)
+    grid = (triton.cdiv(seq_len, block_m), triton.cdiv(seq_len, block_n), batch * heads)
+    _keep_mask_kernel[grid](seed, keep, seq_len, float(dropout_p), BLOCK_M=block_m, BLOCK_N=block_n)
+    return keep.bool()
