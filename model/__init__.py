@@ -1,7 +1,8 @@
 """COCO-LM in pure PyTorch: encoders, heads, corruption maths and the pretraining objective.
 
-Imports torch and the standard library only (transformers lazily, inside the export function),
-so it runs with plain python on a GPU machine that has no Ray or MLflow.
+Imports torch and the standard library only (transformers lazily, inside the export function; triton
+where it is installed, for the fused attention kernel in model.kernels, which imports without it), so
+it runs with plain python on a GPU machine that has no Ray or MLflow.
 """
 
 from .attention import relative_position_bucket

@@ -16,19 +16,27 @@ implementations compute the same thing:
   (`flex_kernel_options`); on CPU torch only has the unfused reference path, which the tests use.
   The first flex call per configuration on a GPU compiles a small probe; if that fails, attention
   falls back to SDPA for the rest of the process with one warning naming the cause (`flex_works`).
-- 'reference' spells the softmax out; the tests compare the other two against it.
+- 'triton' is our own fused kernel (`model.kernels.attention`): the bias by distance (heads, 2T - 1)
+  read per tile, padding keys as a (B, T) mask, attention dropout with Philox inside the kernel, and
+  the bias gradient reduced inside the kernel; no (B, heads, T, T) tensor in forward or backward,
+  with or without dropout. It needs triton (an optional import inside model.kernels) and a CUDA
+  device, or Triton's interpreter on CPU (the tests). The first call per configuration on a GPU runs a
+  small probe; if that fails, attention falls back, with one warning naming the cause, to what
+  'auto' picked before this kernel existed (flex without active attention dropout, SDPA with it).
+- 'reference' spells the softmax out; the tests compare the others against it.
 
-Attention dropout and flex: FlexAttention has no dropout, and dropout on the attention
-probabilities cannot be written as a score modification (dropping a probability keeps the
-softmax's normaliser; masking a score changes it). The paper trains with attention dropout 0.1,
-so we never drop it silently: 'auto' (the default) picks flex on CUDA only while no attention
-dropout is active (eval mode, or `attention_dropout = 0` in the model config, the opt-in fast
-path) and SDPA otherwise; asking for 'flex' explicitly while attention dropout is active is an error.
+'auto' (the default) picks 'triton' on CUDA, in training and eval, with attention dropout on or
+off, and SDPA elsewhere. Attention dropout and flex: FlexAttention has no dropout, and dropout on
+the attention probabilities cannot be written as a score modification (dropping a probability
+keeps the softmax's normaliser; masking a score changes it). The paper trains with attention
+dropout 0.1, so we never drop it silently: asking for 'flex' explicitly while attention dropout is
+active is an error, and the fallback from 'triton' takes flex only while no dropout is active.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -41,7 +49,23 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from .config import EncoderConfig
 
-ATTENTION_CHOICES = ("auto", "sdpa", "flex", "reference")
+
+def _fused_kernel_module():
+    """model.kernels.attention (it imports without triton too), or None where this file runs without the
+    subpackage: an exported encoder (model.export) carries this file but not model.kernels, as
+    transformers copies remote code as flat modules and follows flat relative imports only. Imported by
+    name for that reason; there 'auto' keeps the rule it had before the kernel (`fallback_attention`)."""
+    try:
+        return importlib.import_module(".kernels.attention", __package__)
+    except ModuleNotFoundError as error:
+        if error.name != f"{__package__}.kernels":
+            raise
+        return None
+
+
+_FUSED_KERNELS = _fused_kernel_module()
+
+ATTENTION_CHOICES = ("auto", "sdpa", "flex", "triton", "reference")
 
 
 def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.LongTensor:
@@ -75,6 +99,14 @@ class RelativePositionBias(nn.Module):
         buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
         # contiguous: a permuted view has last stride `heads`, which GPU SDPA kernels refuse
         return self.table(buckets).permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, heads, T, T)
+
+    def by_distance(self, seq_len: int) -> torch.Tensor:
+        """(heads, 2T - 1): the bias of every distance key_pos - query_pos = -(T - 1) ... T - 1, entry
+        j - i + T - 1 for query i and key j, in the table's dtype (fp32). What the Triton kernel
+        reads; its gradient reaches the table through the ordinary embedding backward."""
+        relative = torch.arange(-(seq_len - 1), seq_len, device=self.table.weight.device)
+        buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
+        return self.table(buckets).t().contiguous()
 
 
 # The memory-efficient SDPA kernel reads the mask with 16-element aligned rows; an unaligned mask is
@@ -156,13 +188,17 @@ def flex_bias(
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dropout_p: float = 0.0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dropout_p: float = 0.0,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + bias) v, written out; (B, heads, T, d) in and out."""
+    """softmax(q k^T / sqrt(d) + bias) v, written out; (B, heads, T, d) in and out. `keep` (B, heads,
+    T, T) bool is a given dropout mask (a fused kernel's, to compare with it): kept probabilities are
+    scaled by 1 / (1 - dropout_p), as F.dropout does with the mask it draws."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, T, T)
     if bias is not None:
         scores = scores + bias
-    probs = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    probs = F.dropout(probs, p=dropout_p) if keep is None else probs * keep / (1 - dropout_p)
     return probs @ v
 
 
@@ -291,24 +327,32 @@ _flex_checked: dict[tuple, bool] = {}
 _flex_failure: list[str] = []  # the cause, once flex failed: every later check answers False at once
 
 
+def _kernel_works(checked: dict[tuple, bool], failures: list[str], key: tuple, probe: Callable[[], None],
+                  warning: str) -> bool:
+    """`probe()` once per configuration `key`, and after the first failure never again; a failure warns
+    once with `warning` (its `{cause}` filled in: the exception's type and first line)."""
+    if failures:
+        return False
+    if key not in checked:
+        try:
+            probe()
+            checked[key] = True
+        except Exception as error:  # inductor, Triton and CUDA raise many types; all mean "not here"
+            cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            failures.append(cause)
+            checked[key] = False
+            warnings.warn(warning.format(cause=cause), RuntimeWarning, stacklevel=3)
+    return checked[key]
+
+
 def flex_works(key: tuple, probe: Callable[[], None]) -> bool:
     """Whether compiled flex runs for the configuration `key`: `probe()` once per key, and after the
     first failure never again. A failure warns once, naming the cause, and SDPA takes over: a GPU
     run never dies because a kernel config does not fit (tiles over a GPU's shared memory, say, or a
     torch version whose kernel options differ)."""
-    if _flex_failure:
-        return False
-    if key not in _flex_checked:
-        try:
-            probe()
-            _flex_checked[key] = True
-        except Exception as error:  # inductor, Triton and CUDA raise many types; all mean "not here"
-            cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-            _flex_failure.append(cause)
-            _flex_checked[key] = False
-            warnings.warn(f"FlexAttention does not run on this device ({cause}); attention uses SDPA "
-                          f"from here on in this process", RuntimeWarning, stacklevel=2)
-    return _flex_checked[key]
+    return _kernel_works(_flex_checked, _flex_failure, key, probe,
+                         "FlexAttention does not run on this device ({cause}); attention uses SDPA "
+                         "from here on in this process")
 
 
 def flex_failure() -> str | None:
@@ -336,7 +380,72 @@ def probe_flex(device: torch.device, heads: int, head_dim: int, dtype: torch.dty
     torch.cuda.synchronize(device)
 
 
-ATTENTION_IMPLEMENTATIONS = {"sdpa": sdpa_attention, "flex": flex_relative_attention, "reference": reference_attention}
+@dataclass(frozen=True)
+class TritonBias:
+    """What the Triton kernel reads in place of the dense additive mask."""
+
+    distance_bias: torch.Tensor | None  # (heads, 2T - 1) fp32, `RelativePositionBias.by_distance`; None without it
+    key_mask: torch.Tensor | None  # (B, T) bool, True on real keys; None: no padding anywhere
+
+
+def triton_relative_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: TritonBias, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """The fused Triton kernel (`model.kernels.attention`); (B, heads, T, d) in and out, the output laid
+    out as (B, T, heads, d) in memory. Each call draws its dropout seed on the device from torch's
+    generator. Without triton it raises, naming the cause."""
+    return fused_relative_attention(q, k, v, bias.distance_bias, bias.key_mask, dropout_p)
+
+
+def fused_relative_attention(*args, **kwargs) -> torch.Tensor:
+    """`model.kernels.attention.relative_attention`, where this copy of the code has it."""
+    if _FUSED_KERNELS is None:
+        raise RuntimeError("this copy of the model code has no model.kernels (an exported encoder): "
+                           "use attention 'auto', 'sdpa' or 'flex'")
+    return _FUSED_KERNELS.relative_attention(*args, **kwargs)
+
+
+_triton_checked: dict[tuple, bool] = {}
+_triton_failure: list[str] = []  # the cause, once the Triton kernel failed: later checks answer False at once
+
+
+def triton_works(key: tuple, probe: Callable[[], None]) -> bool:
+    """Whether the Triton kernel runs for the configuration `key` (as `flex_works`): after a failure,
+    one warning naming the cause, and `fallback_attention` from then on in this process."""
+    return _kernel_works(_triton_checked, _triton_failure, key, probe,
+                         "the Triton attention kernel does not run on this device ({cause}); attention uses "
+                         "flex (no attention dropout active) or SDPA (dropout active) from here on in this process")
+
+
+def triton_failure() -> str | None:
+    """Why the Triton kernel was given up in this process, or None while it works (or was never tried)."""
+    return _triton_failure[0] if _triton_failure else None
+
+
+def probe_triton(device: torch.device, heads: int, head_dim: int, dtype: torch.dtype, relative: bool,
+                 dropout_p: float) -> None:
+    """Compile and run the Triton kernel as the encoder will: forward + backward on a padded batch and
+    on one without padding (each a kernel of its own), the bias needing a gradient, then a no-grad
+    forward (the sampling pass). Without triton the first call raises: a probe failure like any other."""
+    seq_len = 200
+    mask = torch.ones(2, seq_len, dtype=torch.bool, device=device)
+    mask[1, 150:] = False
+    q, k, v = (torch.randn(2, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    bias = torch.zeros(heads, 2 * seq_len - 1, device=device, requires_grad=True) if relative else None
+    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        for key_mask in (mask, None):
+            fused_relative_attention(q, k, v, bias, key_mask, dropout_p).float().sum().backward()
+    with torch.no_grad():
+        fused_relative_attention(q, k, v, bias, mask)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+ATTENTION_IMPLEMENTATIONS = {
+    "sdpa": sdpa_attention, "flex": flex_relative_attention, "triton": triton_relative_attention,
+    "reference": reference_attention,
+}
 
 
 def check_attention_choice(choice: str) -> None:
@@ -345,17 +454,26 @@ def check_attention_choice(choice: str) -> None:
 
 
 def resolve_attention(choice: str, device: torch.device, dropout_active: bool) -> str:
-    """The implementation to run for `choice`: 'auto' is flex on CUDA while no attention dropout is
-    active, SDPA otherwise; explicit 'flex' with active attention dropout is an error, never a silent drop."""
+    """The implementation to run for `choice`: 'auto' is the Triton kernel on CUDA (training and eval,
+    attention dropout on or off), SDPA elsewhere; explicit 'flex' with active attention dropout is an
+    error, never a silent drop. Where the Triton kernel fails, the encoder runs `fallback_attention`,
+    which is also 'auto''s choice in an exported encoder (no model.kernels there)."""
     check_attention_choice(choice)
     if choice == "auto":
-        return "flex" if device.type == "cuda" and not dropout_active else "sdpa"
+        on_cuda = device.type == "cuda" and _FUSED_KERNELS is not None
+        return "triton" if on_cuda else fallback_attention(device, dropout_active)
     if choice == "flex" and dropout_active:
         raise ValueError(
             "flex attention has no attention dropout: set the model's attention_dropout to 0 "
             "(the fast path), evaluate in eval mode, or use 'sdpa'"
         )
     return choice
+
+
+def fallback_attention(device: torch.device, dropout_active: bool) -> str:
+    """What runs where the Triton kernel does not: 'auto''s choice before that kernel existed, flex on
+    CUDA while no attention dropout is active (itself probed, with SDPA behind it), SDPA otherwise."""
+    return "flex" if device.type == "cuda" and not dropout_active else "sdpa"
 
 
 class SelfAttention(nn.Module):
@@ -366,8 +484,11 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | FlexBias | None, implementation: str = "sdpa") -> torch.Tensor:
-        """`bias` is `attention_bias(...)` for 'sdpa' and 'reference', `flex_bias(...)` for 'flex'."""
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor | FlexBias | TritonBias | None, implementation: str = "sdpa"
+    ) -> torch.Tensor:
+        """`bias` is `attention_bias(...)` for 'sdpa' and 'reference', `flex_bias(...)` for 'flex',
+        a `TritonBias` for 'triton'."""
         batch, seq_len, width = x.shape
         q, k, v = self.qkv(x).view(batch, seq_len, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d)
         attend = ATTENTION_IMPLEMENTATIONS[implementation]

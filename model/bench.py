@@ -2,7 +2,7 @@
 with --peer, a transformers model doing the same job on the same batch, in the same process.
 
     python -m model.bench --preset tiny|small|base|base++|large++ --seq-len L --batch B --steps N
-        [--variant NAME] [--attention auto|sdpa|flex|reference] [--attention-dropout P] [--compile]
+        [--variant NAME] [--attention auto|sdpa|flex|triton|reference] [--attention-dropout P] [--compile]
         [--peer hf-electra|hf-roberta|all] [--profile]
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
@@ -18,21 +18,30 @@ the compiled step against the eager one, and that SDPA runs its fused kernel (a 
 compilation; needs only torch, transformers and pytest):
 
     python -m pytest -q -m gpu
+    python -m pytest -q tests/test_triton_attention.py     # the Triton kernel, every test on the GPU
 
-then measure the paper's setting (attention dropout 0.1: SDPA's memory-efficient kernel with the
-bias) and the fast setting (no attention dropout: FlexAttention with the bias fused), each against
-both peers; each side compiles first:
+then measure the paper's setting (attention dropout 0.1) and the fast setting (no attention
+dropout), each against both peers, with 'auto' (the Triton kernel) and with the kernels it
+replaces (SDPA's memory-efficient kernel with the bias; FlexAttention with the bias fused); each
+side compiles first:
 
     python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --peer all
+    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --peer all --attention sdpa
     python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --peer all --attention-dropout 0
+    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --attention-dropout 0 \
+        --attention flex
 
 Targets (printed as met or NOT met at base, T=512, on a GPU; never asserted): with attention
 dropout, the COCO-LM step at >= 1.0x the ELECTRA peer's MFU; without, >= 35% MFU and >= 1.3x the
 peer (the goal beyond that: 45%).
 
-FlexAttention has no attention dropout, so 'auto' uses it only while none is active (see
-`model.attention`). The peers get the same dropout settings. Every side runs the pretraining job's
-own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, fused AdamW, the
+'auto' runs our fused Triton kernel (`model.kernels.attention`) on CUDA, with or without attention
+dropout, and SDPA elsewhere; where the kernel fails its probe, flex (no dropout active) or SDPA
+(see `model.attention`). The line `attention` after our side names what ran, per kind of pass,
+after any fallback. --attention triton forces the kernel; FlexAttention has no attention dropout,
+so --attention flex needs --attention-dropout 0. The peers get the same dropout settings.
+
+Every side runs the pretraining job's own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, fused AdamW, the
 schedule), so a step time here is the job's step time on the same batch. --compile compiles the
 encoder layers of both sides (`model.encoder.compile_encoders`: the step around them, with its
 data-dependent gathers and sampling, stays eager). The batch comes through the job's
@@ -63,7 +72,7 @@ import torch
 import transformers
 from torch import nn
 
-from .attention import ATTENTION_CHOICES, flex_failure, resolve_attention
+from .attention import ATTENTION_CHOICES, flex_failure, resolve_attention, triton_failure
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
 from .encoder import Encoder, compile_encoders
@@ -86,6 +95,7 @@ class BenchResult:
     flops_per_step: float
     mfu: float | None  # None where the device's peak is unknown (CPUs)
     profile: str = ""  # torch.profiler's table of the costliest operators (with --profile)
+    attention: str = ""  # which attention ran in our encoders, e.g. "triton in training passes, ..." (ours only)
 
     @property
     def achieved_flops(self) -> float:
@@ -227,7 +237,19 @@ def run(
     data = to_device(random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction), dev)
     step = training_step(model, data, dev)
     flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
-    return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
+    result = time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
+    return replace(result, attention=attention_ran(model))
+
+
+def attention_ran(model: nn.Module) -> str:
+    """What attention our encoders ran in their last passes, after any fallback (`Encoder.attention_ran`):
+    e.g. 'triton in training passes, triton in no-grad passes'."""
+    ran: dict[str, set[str]] = {}
+    for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
+        for kind, implementation in encoder.attention_ran.items():
+            ran.setdefault(kind, set()).add(implementation)
+    kinds = [kind for kind in ("training", "no-grad") if kind in ran]
+    return ", ".join(f"{'/'.join(sorted(ran[kind]))} in {kind} passes" for kind in kinds)
 
 
 class ElectraPeer(nn.Module):
@@ -334,12 +356,14 @@ def run_peer(
     return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
 
 
-def _attention_line(choice: str, device: torch.device, attention_dropout: float) -> str:
-    train = resolve_attention(choice, device, dropout_active=attention_dropout > 0)
-    sampling = resolve_attention(choice, device, dropout_active=False)
-    line = f"attention         {train} in training passes, {sampling} in no-grad eval passes (choice: {choice})"
-    failure = flex_failure()
-    return line + (f"; flex failed here, SDPA ran instead ({failure})" if failure else "")
+def _attention_line(choice: str, ran: str) -> str:
+    """Which kernel ran (`BenchResult.attention`), the choice, and any fallback with its cause."""
+    line = f"attention         {ran or 'unknown'} (choice: {choice})"
+    if failure := triton_failure():
+        line += f"; the Triton kernel failed here, flex or SDPA ran instead ({failure})"
+    if failure := flex_failure():
+        line += f"; flex failed here, SDPA ran instead ({failure})"
+    return line
 
 
 # What `--peer all` measures: each peer with our like-for-like step (ELECTRA against --variant).
@@ -390,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
-                        help="auto: flex on CUDA while no attention dropout is active, else sdpa")
+                        help="auto: the Triton kernel (triton) on CUDA, else sdpa")
     parser.add_argument("--attention-dropout", type=float, default=None,
                         help="override the preset's attention dropout (0 enables flex in training), "
                         "for the peer too")
@@ -416,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
                       attention_dropout=args.attention_dropout, profile=args.profile)
         ours = run(attention=args.attention, **shared)
         _print_side(f"ours ({variant_name})", ours)
-        print(_attention_line(args.attention, dev, model_cfg.attention_dropout))
+        print(_attention_line(args.attention, ours.attention))
         rows.append((f"ours {variant_name}", ours))
         _free(dev)
         if peer_name is not None:

@@ -13,13 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import (
-    FlexBias, RelativePositionBias, SelfAttention, attention_bias, check_attention_choice, compute_dtype,
-    device_flex_options, flex_bias, flex_works, probe_flex, resolve_attention,
+    FlexBias, RelativePositionBias, SelfAttention, TritonBias, attention_bias, check_attention_choice, compute_dtype,
+    device_flex_options, fallback_attention, flex_bias, flex_works, probe_flex, probe_triton, resolve_attention,
+    triton_works,
 )
 from .config import EncoderConfig
 
 
-# Where compiled flex can fail to build (Triton tiles, shared memory) and is probed before first use.
+# Where compiled flex and the Triton kernel can fail to build (tiles, shared memory, a Triton version)
+# and are probed before first use.
 PROBED_DEVICE_TYPES = ("cuda",)
 
 
@@ -78,7 +80,7 @@ class TransformerLayer(nn.Module):
         self.pre_layer_norm = cfg.pre_layer_norm
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | FlexBias | None, implementation: str = "sdpa"
+        self, x: torch.Tensor, bias: torch.Tensor | FlexBias | TritonBias | None, implementation: str = "sdpa"
     ) -> torch.Tensor:
         if self.pre_layer_norm:
             x = x + self.dropout(self.attention(self.attention_norm(x), bias, implementation))
@@ -106,13 +108,16 @@ class Encoder(nn.Module):
         # Pre-LN leaves the residual stream unnormalised: the heads expect normalised states.
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
         self.attention_implementation = "auto"  # a choice, resolved per forward: see model.attention
+        # What ran, after any fallback: the last implementation of passes with gradients ("training")
+        # and without ("no-grad"); `python -m model.bench` reports it.
+        self.attention_ran: dict[str, str] = {}
         for name, child in self.named_children():
             if not (name == "embeddings" and embeddings is not None):  # never re-initialise shared weights
                 child.apply(init_weights)
 
     def set_attention(self, implementation: str) -> None:
-        """'auto' (default: flex on CUDA while no attention dropout is active, else SDPA), 'sdpa',
-        'flex', or 'reference' (the written-out softmax the tests compare against)."""
+        """'auto' (default: the Triton kernel on CUDA, else SDPA), 'sdpa', 'flex', 'triton', or
+        'reference' (the written-out softmax the tests compare against)."""
         check_attention_choice(implementation)
         self.attention_implementation = implementation
 
@@ -127,18 +132,27 @@ class Encoder(nn.Module):
         x = self.embeddings(input_ids)  # (B, T, E)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)  # (B, T, H)
-        position_bias = self.relative_bias(input_ids.shape[1]) if self.relative_bias is not None else None
+        seq_len = input_ids.shape[1]
         dropout_active = self.training and self.cfg.attention_dropout > 0
         implementation = resolve_attention(self.attention_implementation, x.device, dropout_active)
         dtype = compute_dtype(x)  # q's dtype: bf16 under autocast while x stays fp32
+        if implementation == "triton" and not self._triton_runs(x.device, dtype, dropout_active):
+            implementation = fallback_attention(x.device, dropout_active)
         if implementation == "flex" and not self._flex_runs(x.device, dtype):
             implementation = "sdpa"
+        self.attention_ran["training" if torch.is_grad_enabled() else "no-grad"] = implementation
         padding = None if all_real else attention_mask.bool()
-        if implementation == "flex":
-            options = device_flex_options(x.device, self.cfg.head_dim, dtype, _dtype_of(position_bias))
-            bias = flex_bias(padding, position_bias, options)  # BlockMask + (h, T, T), for all layers
+        if implementation == "triton":
+            # the bias per distance, (h, 2T - 1): no (h, T, T) lookup at all
+            distance_bias = self.relative_bias.by_distance(seq_len) if self.relative_bias is not None else None
+            bias = TritonBias(distance_bias, padding)
         else:
-            bias = attention_bias(padding, position_bias, dtype)  # (B or 1, h or 1, T, T), or None
+            position_bias = self.relative_bias(seq_len) if self.relative_bias is not None else None
+            if implementation == "flex":
+                options = device_flex_options(x.device, self.cfg.head_dim, dtype, _dtype_of(position_bias))
+                bias = flex_bias(padding, position_bias, options)  # BlockMask + (h, T, T), for all layers
+            else:
+                bias = attention_bias(padding, position_bias, dtype)  # (B or 1, h or 1, T, T), or None
         for layer in self.layers:
             x = layer(x, bias, implementation)
         return x if self.final_norm is None else self.final_norm(x)
@@ -152,6 +166,17 @@ class Encoder(nn.Module):
         cfg, relative = self.cfg, self.relative_bias is not None
         key = (str(device), cfg.num_heads, cfg.head_dim, dtype, relative)
         return flex_works(key, lambda: probe_flex(device, cfg.num_heads, cfg.head_dim, dtype, relative))
+
+    def _triton_runs(self, device: torch.device, dtype: torch.dtype, dropout_active: bool) -> bool:
+        """False when the Triton kernel fails on this GPU (probed once per process and configuration,
+        then `fallback_attention` runs: see `model.attention.triton_works`). Off CUDA it is not
+        probed (on CPU it runs under Triton's interpreter or raises, naming why)."""
+        if device.type not in PROBED_DEVICE_TYPES or torch.compiler.is_compiling():
+            return True
+        cfg, relative = self.cfg, self.relative_bias is not None
+        dropout_p = cfg.attention_dropout if dropout_active else 0.0
+        key = ("triton", str(device), cfg.num_heads, cfg.head_dim, dtype, relative, dropout_p > 0)
+        return triton_works(key, lambda: probe_triton(device, cfg.num_heads, cfg.head_dim, dtype, relative, dropout_p))
 
 
 def _dtype_of(tensor: torch.Tensor | None) -> torch.dtype | None:

@@ -231,6 +231,7 @@ def test_model_sdpa_runs_the_memory_efficient_kernel_on_cuda(compiled, seq_len):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=300, hidden_size=768, num_layers=2, num_heads=12, ffn_size=3072).main
     enc = Encoder(cfg).cuda().train()
+    enc.set_attention("sdpa")  # 'auto' runs the Triton kernel on CUDA (tests/test_triton_attention.py)
     if compiled:
         compile_encoders(enc)
     ids = torch.randint(5, 300, (4, seq_len), device="cuda")
@@ -250,4 +251,76 @@ def test_model_sdpa_runs_the_memory_efficient_kernel_on_cuda(compiled, seq_len):
     assert any("efficient_attention" in n and "backward" not in n for n in names), sorted(names)
     assert any("efficient_attention_backward" in n for n in names), sorted(names)
     assert "aten::_scaled_dot_product_attention_math" not in names and "aten::bmm" not in names
+    assert enc.relative_bias.table.weight.grad.abs().sum() > 0
+
+
+# The Triton kernel (model/kernels/attention.py) on a GPU. Its CPU tests, which run on the compiled
+# kernels too when CUDA is present, are in tests/test_triton_attention.py; bf16 is checked here only,
+# as Triton's interpreter gets bf16 products wrong.
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq_len", [512, 460])  # the bench's block and its crop
+def test_triton_kernel_in_bf16_on_cuda_matches_the_fp32_reference_with_its_dropout_mask(seq_len):
+    """base's heads and head size, rows ending mid-block and with whole blocks padded, dropout 0.1 with
+    the kernel's own mask: forward and the gradients of q, k, v and the bias table."""
+    from model.kernels import attention as kernels
+
+    torch.manual_seed(0)
+    lengths = [seq_len, seq_len - 37, 256, 64]
+    q, k, v = (torch.randn(4, 12, seq_len, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    relative = RelativePositionBias(ModelConfig(vocab_size=10, hidden_size=768, num_heads=12, ffn_size=8).main).cuda()
+    torch.nn.init.normal_(relative.table.weight)
+    mask = torch.arange(seq_len, device="cuda")[None, :] < torch.tensor(lengths, device="cuda")[:, None]
+    seed = torch.tensor(42, dtype=torch.int64, device="cuda")
+    fast = kernels.relative_attention(q, k, v, relative.by_distance(seq_len), mask, 0.1, seed)
+    keep = kernels.dropout_keep_mask(seed, 4, 12, seq_len, 0.1)
+    slow = reference_attention(q.float(), k.float(), v.float(), attention_bias(mask, relative(seq_len), torch.float32),
+                               0.1, keep)
+
+    def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert fast.dtype == torch.bfloat16 and relative_error(fast, slow) < 3e-2
+    weights = torch.randn(fast.shape, device="cuda")
+    inputs = [q, k, v, relative.table.weight]
+    g_fast = torch.autograd.grad((fast.float() * weights).sum(), inputs)
+    g_slow = torch.autograd.grad((slow * weights).sum(), inputs)
+    for name, a, b in zip(["q", "k", "v", "bias table"], g_fast, g_slow):
+        assert relative_error(a, b) < 3e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_default_attention_runs_the_triton_kernels_on_cuda(compiled, monkeypatch):
+    """'auto' in the paper's setting (training, attention dropout 0.1, bf16 autocast), eager and with the
+    layers compiled: our three kernels in the profile, no SDPA or flex kernel, no fallback."""
+    from model import attention
+    from model.encoder import compile_encoders
+
+    monkeypatch.setattr(attention, "_triton_checked", {})
+    monkeypatch.setattr(attention, "_triton_failure", [])
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=300, hidden_size=768, num_layers=2, num_heads=12, ffn_size=3072).main
+    enc = Encoder(cfg).cuda().train()
+    if compiled:
+        compile_encoders(enc)
+    ids = torch.randint(5, 300, (4, 512), device="cuda")
+    ids[1, 475:] = 0
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = enc(ids)
+        out.float().square().mean().backward()
+
+    step()  # the probe and compilation outside the profile
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        step()
+        torch.cuda.synchronize()
+    names = {event.key for event in profiler.key_averages()}
+    for kernel in ("_forward_kernel", "_backward_dkdv_kernel", "_backward_dq_kernel"):
+        assert any(kernel in n for n in names), (kernel, sorted(names))
+    assert not any("efficient_attention" in n or "flex_attention" in n for n in names), sorted(names)
+    assert attention.triton_failure() is None and enc.attention_ran == {"training": "triton"}
     assert enc.relative_bias.table.weight.grad.abs().sum() > 0

@@ -139,11 +139,14 @@ def test_compiled_encoder_traces_the_flex_path_and_keeps_its_state_dict_keys(fle
             torch.testing.assert_close(enc(ids, mask)[mask], reference(ids, mask)[mask], atol=1e-5, rtol=1e-5)
 
 
-def test_auto_picks_flex_only_on_cuda_without_active_attention_dropout():
+def test_auto_never_picks_flex_and_flex_refuses_active_attention_dropout():
+    """'auto' runs the Triton kernel on CUDA (tests/test_triton_attention.py); flex is what runs where
+    that kernel fails and no attention dropout is active (`fallback_attention`), or asked for by name."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_attention("auto", cuda, dropout_active=False) == "flex"
-    assert resolve_attention("auto", cuda, dropout_active=True) == "sdpa"  # the paper's 0.1 keeps SDPA
+    assert resolve_attention("auto", cuda, dropout_active=False) == "triton"
+    assert resolve_attention("auto", cuda, dropout_active=True) == "triton"
     assert resolve_attention("auto", cpu, dropout_active=False) == "sdpa"
+    assert resolve_attention("flex", cuda, dropout_active=False) == "flex"
     assert resolve_attention("reference", cuda, dropout_active=True) == "reference"
     with pytest.raises(ValueError, match="no attention dropout"):
         resolve_attention("flex", cuda, dropout_active=True)
@@ -289,7 +292,6 @@ def test_encoder_flex_under_autocast_is_as_accurate_as_sdpa_on_cuda(compiled, fr
     # fails, the encoder falls back to SDPA, and the comparison would be SDPA against itself).
     enc = small_encoder(attention_dropout=0.0, num_heads=2).cuda().eval()
     ids, mask = (t.cuda() for t in padded_ids())
-    assert resolve_attention(enc.attention_implementation, ids.device, dropout_active=False) == "flex"
     if compiled:
         compile_encoders(enc)
     params = list(enc.parameters())

@@ -172,16 +172,25 @@ def test_the_gpu_tests_collect_on_a_machine_without_ray_mlflow_or_pandas():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # the paper's setting (SDPA) and the fast one (flex)
-def test_the_default_step_runs_compiled_on_cuda(attention_dropout, fresh_flex_state):
+@pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # the paper's setting and the fast one
+@pytest.mark.parametrize("attention", ["auto", "sdpa", "flex"])  # auto: the Triton kernel
+def test_the_default_step_runs_compiled_on_cuda(attention_dropout, attention, fresh_flex_state, monkeypatch):
     """The crash this guards against: the default path died at its first step on an H100 (flex tiles
-    too large for shared memory). `small` has base's head size, so the same attention kernels."""
-    from model import attention
+    too large for shared memory). `small` has base's head size, so the same attention kernels. The
+    default ('auto') runs the Triton kernel; SDPA and flex, which it replaced, keep running."""
+    from model import attention as attention_module
 
+    if attention == "flex" and attention_dropout > 0:
+        pytest.skip("flex has no attention dropout")
+    monkeypatch.setattr(attention_module, "_triton_checked", {})
+    monkeypatch.setattr(attention_module, "_triton_failure", [])
     result = bench.run(preset="small", seq_len=512, batch=4, steps=2, warmup=1, compile=True,
-                       attention_dropout=attention_dropout)
+                       attention_dropout=attention_dropout, attention=attention)
     assert result.mfu is not None and result.mfu > 0
-    assert attention.flex_failure() is None  # flex compiled with the chosen tiles; no fallback was needed
+    assert attention_module.flex_failure() is None  # flex compiled with the chosen tiles; no fallback was needed
+    assert attention_module.triton_failure() is None
+    ran = {"auto": "triton", "sdpa": "sdpa", "flex": "flex"}[attention]
+    assert result.attention == f"{ran} in training passes, {ran} in no-grad passes"
 
 
 @pytest.mark.gpu

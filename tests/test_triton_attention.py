@@ -1,0 +1,427 @@
+"""The fused Triton attention (model/kernels/attention.py, docs/design.md section 7.2) against the
+written-out reference: the forward and every gradient (q, k, v, the bias table) with the kernel's own
+dropout mask, its dropout statistics and seeding, the custom op's registration (opcheck, a compiled
+graph), the encoder's path and the choice of 'auto' with its fallback.
+
+Where the kernels run: on a CUDA machine every kernel test runs the compiled kernels on the GPU. On a
+CPU they run under Triton's interpreter, which is switched on by TRITON_INTERPRET=1 only if it is set
+before triton is first imported, and torch imports triton itself (`import torch._dynamo` does; other
+test modules import it first), so no setting made here could be relied on. The kernel tests
+(`kernel_test`) therefore run once, all together, in a child pytest process started with
+TRITON_INTERPRET=1 (and without conftest.py, which they do not need), and each kernel test here
+reports its own outcome there; a process started with TRITON_INTERPRET=1 runs them itself. The
+interpreter is exact in fp32 and fp16 but gets bf16 products wrong (triton-lang/triton#11584): bf16
+is checked on a GPU only: the gpu tests of the kernel (bf16 against the fp32 reference, the kernels
+named in a profile) are in tests/test_attention.py, which `python -m pytest -m gpu` collects; on a
+GPU, `python -m pytest tests/test_triton_attention.py` runs every test below on the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (`pip install -e '.[test]'` installs it)", allow_module_level=True)
+
+import model.attention as attention_module
+import model.bench as bench
+import model.encoder as encoder_module
+from model import ModelConfig
+from model.attention import (
+    RelativePositionBias, attention_bias, fallback_attention, reference_attention, relative_position_bucket,
+    resolve_attention,
+)
+from model.encoder import Encoder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def interpreter_on() -> bool:
+    """Whether Triton's interpreter runs this process's kernels: TRITON_INTERPRET=1, set before triton's
+    own jit functions (tl.randint4x ...) were made, that is before triton was first imported."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    if "triton" not in sys.modules:
+        return True
+    import triton.language as tl
+    from triton.runtime import JITFunction
+
+    return not isinstance(tl.randint4x, JITFunction)
+
+
+INTERPRETED = interpreter_on()
+ON_CUDA = torch.cuda.is_available() and not INTERPRETED
+RUNS_HERE = ON_CUDA or INTERPRETED  # where the kernel tests run in this process
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+if RUNS_HERE:
+    from model.kernels import attention as kernels
+
+KERNEL_TESTS: list[str] = []  # names of the tests that need the kernels, for the child's command line
+
+
+def kernel_test(test):
+    """A test that runs the kernels: here where they can run, else reported from the interpreter child.
+    Put it innermost, under any parametrize."""
+    KERNEL_TESTS.append(test.__name__)
+    if RUNS_HERE:
+        return test
+
+    def from_the_child(request, **params):
+        outcome_in_child(request.node)
+
+    parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                  *inspect.signature(test).parameters.values()]
+    from_the_child.__signature__ = inspect.Signature(parameters)
+    from_the_child.__name__, from_the_child.__doc__ = test.__name__, test.__doc__
+    return from_the_child
+
+
+@functools.cache
+def interpreter_child(names: tuple[str, ...]) -> tuple[dict[str, tuple[str, str]], str]:
+    """Runs the kernel tests `names` (as this session selected them) once in a child pytest with
+    TRITON_INTERPRET=1: (name -> (outcome, details)) from its JUnit report, and the tail of its output."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.xml"
+        node_ids = [f"{Path(__file__).resolve()}::{name}" for name in names]
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+                   f"--junitxml={report}", *node_ids]
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        outcomes = {}
+        if report.exists():
+            for case in ElementTree.parse(report).getroot().iter("testcase"):
+                status, details = "passed", ""
+                for tag in ("failure", "error", "skipped"):
+                    element = case.find(tag)
+                    if element is not None:
+                        status = tag
+                        details = (element.get("message") or "") + "\n" + (element.text or "")
+                outcomes[case.get("name")] = (status, details)
+    return outcomes, (result.stdout + result.stderr)[-4000:]
+
+
+def outcome_in_child(node: pytest.Item) -> None:
+    name = node.name
+    selected = tuple(item.name for item in node.session.items
+                     if item.module is node.module and getattr(item, "originalname", None) in KERNEL_TESTS)
+    outcomes, log = interpreter_child(selected)
+    if name not in outcomes:
+        pytest.fail(f"{name} did not run in the interpreter child:\n{log}", pytrace=False)
+    status, details = outcomes[name]
+    if status == "skipped":
+        pytest.skip(f"in the interpreter child: {details.strip()}")
+    if status != "passed":
+        pytest.fail(f"{name} failed in the interpreter child (TRITON_INTERPRET=1):\n{details}", pytrace=False)
+
+
+# ----------------------------------------------------------------------------- problems and the reference
+
+def attention_problem(seq_len: int, lengths: list[int], dtype: torch.dtype = torch.float32, heads: int = 2,
+                      dim: int = 16, max_distance: int = 16, seed: int = 0):
+    """q, k, v (B, heads, T, d) and a RelativePositionBias whose table (std 1, large enough to move
+    the softmax) all need gradients, and the real keys (B, T), None when no row is padded. A short
+    max_distance (16) puts keys beyond 15 positions in the saturated far buckets."""
+    torch.manual_seed(seed)
+    shape = (len(lengths), heads, seq_len, dim)
+    q, k, v = (torch.randn(shape, device=DEVICE).to(dtype).requires_grad_() for _ in range(3))
+    cfg = ModelConfig(vocab_size=10, hidden_size=heads * dim, num_heads=heads, ffn_size=8,
+                      rel_pos_max_distance=max_distance).main
+    relative = RelativePositionBias(cfg).to(DEVICE)
+    torch.nn.init.normal_(relative.table.weight)
+    mask = torch.arange(seq_len, device=DEVICE)[None, :] < torch.tensor(lengths, device=DEVICE)[:, None]
+    return q, k, v, relative, (None if all(n == seq_len for n in lengths) else mask)
+
+
+def reference(q, k, v, relative, mask, dropout_p=0.0, keep=None) -> torch.Tensor:
+    """The written-out attention in fp32 on the same (rounded) inputs, the bias as the SDPA path builds it."""
+    bias = attention_bias(mask, relative(q.shape[2]), torch.float32)
+    return reference_attention(q.float(), k.float(), v.float(), bias, dropout_p, keep)
+
+
+def loss_of(out: torch.Tensor) -> torch.Tensor:
+    """A weighted sum over every output, padded query rows included (they attend to the real keys)."""
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device)
+    return (out.float() * weights).sum()
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def assert_close(name: str, fast: torch.Tensor, slow: torch.Tensor, dtype: torch.dtype) -> None:
+    if dtype == torch.float32:
+        torch.testing.assert_close(fast.float(), slow.float(), atol=2e-5, rtol=2e-4, msg=lambda m: f"{name}: {m}")
+    else:  # half inputs and outputs against fp32 arithmetic on the same inputs
+        assert relative_error(fast, slow) < 3e-3, (name, relative_error(fast, slow))
+
+
+# (T, lengths, dtype, dropout, blocks, relative bias, bias gradient reduction). T not a multiple of
+# the blocks everywhere; padded rows; T = 70 with max_distance 16 reaches the saturated far buckets;
+# query and key blocks of different sizes; the elementwise reduction once, for comparison.
+CASES = {
+    "fp32-T17-packed": (17, [17, 17], torch.float32, 0.0, (16, 16), True, "diagonal"),
+    "fp32-T40-padded-dropout": (40, [40, 23], torch.float32, 0.25, (16, 16), True, "diagonal"),
+    "fp32-T40-padded-dropout-elementwise": (40, [40, 23], torch.float32, 0.25, (16, 16), True, "elementwise"),
+    "fp32-T70-far-buckets-dropout": (70, [70, 33], torch.float32, 0.1, (32, 16), True, "diagonal"),
+    "fp16-T40-padded-dropout": (40, [40, 23], torch.float16, 0.25, (16, 32), True, "diagonal"),
+    "fp16-T17-packed": (17, [17, 17], torch.float16, 0.0, (16, 16), True, "diagonal"),
+    "fp32-T17-no-bias-dropout": (17, [17, 9], torch.float32, 0.25, (16, 16), False, "diagonal"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@kernel_test
+def test_forward_and_every_gradient_equal_the_reference_with_the_same_dropout_mask(case, monkeypatch):
+    seq_len, lengths, dtype, dropout_p, blocks, with_bias, reduction = CASES[case]
+    monkeypatch.setattr(kernels, "BIAS_GRADIENT", reduction)
+    q, k, v, relative, mask = attention_problem(seq_len, lengths, dtype)
+    if seq_len == 70:  # the far buckets saturate: every distance from 16 on shares one bucket
+        assert relative_position_bucket(torch.arange(16, 70), 32, 16).unique().numel() == 1
+    seed = torch.tensor(1234, dtype=torch.int64, device=DEVICE)
+    bias = relative.by_distance(seq_len) if with_bias else None
+    fast = kernels.relative_attention(q, k, v, bias, mask, dropout_p, seed, blocks)
+    # the mask exported at other blocks (the default) is the one the kernel used at `blocks`
+    keep = kernels.dropout_keep_mask(seed, len(lengths), q.shape[1], seq_len, dropout_p) if dropout_p else None
+    if with_bias:
+        slow = reference(q, k, v, relative, mask, dropout_p, keep)
+    else:
+        slow = reference_attention(q.float(), k.float(), v.float(), attention_bias(mask, None, torch.float32),
+                                   dropout_p, keep)
+    assert fast.dtype == dtype and fast.shape == q.shape
+    assert_close("out", fast, slow, dtype)
+    inputs = [q, k, v] + ([relative.table.weight] if with_bias else [])
+    g_fast = torch.autograd.grad(loss_of(fast), inputs)
+    g_slow = torch.autograd.grad(loss_of(slow), inputs)
+    for name, a, b in zip(["q", "k", "v", "bias table"], g_fast, g_slow):
+        assert_close(name, a, b, dtype)
+    if with_bias:
+        assert g_fast[3].abs().sum() > 0
+
+
+@kernel_test
+def test_a_row_without_real_keys_gives_zeros_and_no_gradient():
+    """Where SDPA and the reference give NaN (a softmax over no key), the kernel gives 0."""
+    q, k, v, relative, mask = attention_problem(17, [17, 0])
+    seed = torch.tensor(5, dtype=torch.int64, device=DEVICE)
+    out = kernels.relative_attention(q, k, v, relative.by_distance(17), mask, 0.25, seed, (16, 16))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    keep = kernels.dropout_keep_mask(seed, 2, 2, 17, 0.25)
+    assert_close("row 0", out[:1], reference(q[:1], k[:1], v[:1], relative, mask[:1], 0.25, keep[:1]), torch.float32)
+    grads = torch.autograd.grad(loss_of(out), [q, k, v, relative.table.weight])
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.equal(grads[0][1], torch.zeros_like(grads[0][1]))  # dQ of the empty row
+
+
+@pytest.mark.parametrize("dropout_p", [0.1, 0.5])
+@kernel_test
+def test_dropout_keeps_each_probability_with_1_minus_p_independently(dropout_p):
+    """Kept fraction within 5 binomial standard deviations: overall, in each of the four lanes of one
+    Philox call (keys j mod 4), and for pairs of neighbouring keys ((1 - p)^2 if independent)."""
+    seed = torch.tensor(99, dtype=torch.int64, device=DEVICE)
+    keep = kernels.dropout_keep_mask(seed, 2, 2, 70, dropout_p).float()
+
+    def within_tolerance(kept: torch.Tensor, expected: float) -> None:
+        sigma = (expected * (1 - expected) / kept.numel()) ** 0.5
+        assert abs(kept.mean().item() - expected) < 5 * sigma, (kept.mean().item(), expected, sigma)
+
+    within_tolerance(keep, 1 - dropout_p)
+    for lane in range(4):
+        within_tolerance(keep[..., lane::4], 1 - dropout_p)
+    within_tolerance(keep[..., 1:] * keep[..., :-1], (1 - dropout_p) ** 2)
+
+
+@kernel_test
+def test_the_seed_decides_the_mask_and_the_tiling_does_not():
+    one = torch.tensor(1, dtype=torch.int64, device=DEVICE)
+    masks = [kernels.dropout_keep_mask(one, 2, 2, 70, 0.3, blocks) for blocks in [(16, 16), (32, 64), (64, 16)]]
+    assert all(torch.equal(masks[0], m) for m in masks[1:])
+    assert torch.equal(masks[0], kernels.dropout_keep_mask(one.clone(), 2, 2, 70, 0.3))
+    other = kernels.dropout_keep_mask(torch.tensor(2, dtype=torch.int64, device=DEVICE), 2, 2, 70, 0.3)
+    differing = (masks[0] != other).float().mean().item()
+    assert abs(differing - 2 * 0.3 * 0.7) < 0.03, differing  # independent masks differ at 2 p (1 - p)
+    # and the output follows: the same seed gives the same result, another seed another, no seed a fresh one
+    q, k, v, relative, mask = attention_problem(17, [17, 12])
+    bias = relative.by_distance(17)
+    first = kernels.relative_attention(q, k, v, bias, mask, 0.3, one, (16, 16))
+    assert torch.equal(first, kernels.relative_attention(q, k, v, bias, mask, 0.3, one.clone(), (16, 16)))
+    assert not torch.equal(first, kernels.relative_attention(q, k, v, bias, mask, 0.3, one + 1, (16, 16)))
+    torch.manual_seed(5)
+    drawn = kernels.relative_attention(q, k, v, bias, mask, 0.3)
+    torch.manual_seed(5)
+    assert torch.equal(drawn, kernels.relative_attention(q, k, v, bias, mask, 0.3))  # torch's generator decides
+
+
+@kernel_test
+def test_opcheck_passes_for_the_forward_and_the_backward_op():
+    q, k, v, relative, mask = attention_problem(17, [17, 11], heads=1)
+    bias = relative.by_distance(17).detach().requires_grad_()
+    seed = torch.tensor(3, dtype=torch.int64, device=DEVICE)
+    torch.library.opcheck(kernels.relative_attention_op, (q, k, v, bias, mask, seed, 0.25, 16, 16))
+    out, lse = kernels.relative_attention_op(q, k, v, bias, mask, seed, 0.25, 16, 16)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(kernels.relative_attention_backward_op,
+                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), bias.detach(), mask,
+                           seed, 0.25, 16, 16, "diagonal"))
+
+
+@kernel_test
+def test_compiled_fullgraph_equals_eager():
+    q, k, v, relative, mask = attention_problem(40, [40, 29])
+    seed = torch.tensor(11, dtype=torch.int64, device=DEVICE)
+
+    def attend(q, k, v):  # the table's lookup by distance inside the graph, as in the encoder
+        return kernels.relative_attention(q, k, v, relative.by_distance(40), mask, 0.25, seed, (16, 16))
+
+    eager = attend(q, k, v)
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+    inputs = [q, k, v, relative.table.weight]
+    for a, b in zip(torch.autograd.grad(loss_of(compiled), inputs), torch.autograd.grad(loss_of(eager), inputs)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def small_encoder(**overrides) -> Encoder:
+    torch.manual_seed(0)
+    shape = dict(vocab_size=60, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, max_positions=80,
+                 rel_pos_max_distance=16)
+    return Encoder(ModelConfig(**{**shape, **overrides}).main)
+
+
+def padded_ids(seq_len: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    ids = torch.randint(5, 60, (2, seq_len))
+    ids[:, 0] = 2
+    ids[1, 27:] = 0
+    return ids, ids != 0
+
+
+@kernel_test
+def test_encoder_triton_path_equals_the_reference_path():
+    """The encoder's own wiring: the bias by distance from its table, the padding mask, per layer; all
+    parameters' gradients (the shared relative bias table among them)."""
+    enc = small_encoder().to(DEVICE).eval()
+    ids, mask = (t.to(DEVICE) for t in padded_ids())
+    params = list(enc.parameters())
+    results = {}
+    for implementation in ("triton", "reference"):
+        enc.set_attention(implementation)
+        out = enc(ids, mask)
+        results[implementation] = out, torch.autograd.grad(out[mask].square().sum(), params)
+        assert enc.attention_ran == {"training": implementation}
+    (fast, g_fast), (slow, g_slow) = results["triton"], results["reference"]
+    torch.testing.assert_close(fast[mask], slow[mask], atol=2e-5, rtol=2e-4)
+    for (name, _), a, b in zip(enc.named_parameters(), g_fast, g_slow):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+    # training with the paper's attention dropout runs the kernel's dropout, seeded by torch's generator
+    enc.train()
+    enc.set_attention("triton")
+    torch.manual_seed(3)
+    first = enc(ids, mask, all_real=False)
+    torch.manual_seed(3)
+    assert torch.equal(first, enc(ids, mask))
+    assert not torch.equal(first, enc(ids, mask))
+
+
+# ----------------------------------------------------------------------------- the choice, the fallback, the bench
+
+
+@pytest.fixture
+def fresh_triton_state(monkeypatch):
+    """The Triton fallback's process-wide memory, emptied for one test (a failure left by another test
+    would otherwise decide this one's path)."""
+    monkeypatch.setattr(attention_module, "_triton_checked", {})
+    monkeypatch.setattr(attention_module, "_triton_failure", [])
+    monkeypatch.setattr(attention_module, "_flex_checked", {})
+    monkeypatch.setattr(attention_module, "_flex_failure", [])
+
+
+def test_the_bias_by_distance_is_the_pairwise_lookup_on_its_diagonals():
+    """What the kernel reads, entry j - i + T - 1, is what the SDPA path looks up for (i, j)."""
+    relative = RelativePositionBias(ModelConfig(vocab_size=10, hidden_size=32, num_heads=2, ffn_size=8,
+                                                rel_pos_max_distance=16).main)
+    torch.nn.init.normal_(relative.table.weight)
+    seq_len = 45
+    pairwise, by_distance = relative(seq_len)[0], relative.by_distance(seq_len)  # (h, T, T), (h, 2T - 1)
+    i, j = torch.meshgrid(torch.arange(seq_len), torch.arange(seq_len), indexing="ij")
+    assert by_distance.shape == (2, 2 * seq_len - 1) and by_distance.is_contiguous()
+    assert torch.equal(by_distance[:, j - i + seq_len - 1], pairwise)
+
+
+def test_auto_picks_triton_on_cuda_in_training_and_eval_and_sdpa_elsewhere():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for dropout_active in (True, False):
+        assert resolve_attention("auto", cuda, dropout_active) == "triton"
+        assert resolve_attention("auto", cpu, dropout_active) == "sdpa"  # CPU keeps what it picked before
+        assert resolve_attention("triton", cpu, dropout_active) == "triton"  # the interpreter, in the tests
+    assert fallback_attention(cuda, dropout_active=False) == "flex"  # 'auto' before the kernel existed
+    assert fallback_attention(cuda, dropout_active=True) == "sdpa"
+    assert fallback_attention(cpu, dropout_active=False) == "sdpa"
+
+
+class SimulatedTritonError(RuntimeError):
+    pass
+
+
+def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_triton_state, monkeypatch):
+    """The encoder's side, on CPU: the probe is made to run here and to fail; the forward then equals
+    the fallback's (SDPA here), no second probe or warning follows, and the bench line names the cause."""
+    monkeypatch.setattr(encoder_module, "PROBED_DEVICE_TYPES", ("cpu", "cuda"))
+    probes = []
+
+    def failing_probe(*args):
+        probes.append(args)
+        raise SimulatedTritonError("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
+
+    monkeypatch.setattr(encoder_module, "probe_triton", failing_probe)
+    enc = small_encoder().eval()
+    ids, mask = padded_ids()
+    enc.set_attention("sdpa")
+    expected = enc(ids, mask)
+    enc.set_attention("triton")
+    with pytest.warns(RuntimeWarning, match="SimulatedTritonError: out of resource.*uses flex .* or SDPA"):
+        fell_back = enc(ids, mask)
+    assert torch.equal(fell_back, expected) and enc.attention_ran == {"training": "sdpa"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(enc(ids, mask), expected)  # stays on SDPA, silently
+    assert len(probes) == 1
+    assert attention_module.triton_failure().startswith("SimulatedTritonError")
+    line = bench._attention_line("auto", "sdpa in training passes")
+    assert "Triton kernel failed here" in line and "Hardware limit" in line
+
+
+def test_the_bench_reports_which_attention_ran():
+    result = bench.run(preset="tiny", seq_len=32, batch=2, steps=1, warmup=0, device="cpu")
+    assert result.attention == "sdpa in training passes, sdpa in no-grad passes"
+    assert bench._attention_line("auto", result.attention).startswith(
+        "attention         sdpa in training passes, sdpa in no-grad passes (choice: auto)")
+
+
+def test_model_imports_without_triton_and_the_kernel_path_says_why_it_cannot_run():
+    """Where triton is not installed (torch's CPU wheel), `import model` works, the default path runs,
+    and the kernel raises, naming the cause (on a GPU the probe catches that and falls back)."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, model; from model.kernels import attention as kernels; assert kernels.TRITON_MISSING\n"
+        "cfg = model.ModelConfig(vocab_size=60, hidden_size=32, num_layers=1, num_heads=2, ffn_size=8)\n"
+        "enc = model.Encoder(cfg.main)\n"
+        "enc(torch.randint(5, 60, (2, 9)))\n"
+        "enc.set_attention('triton')\n"
+        "try:\n    enc(torch.randint(5, 60, (2, 9)))\nexcept RuntimeError as error:\n"
+        "    assert 'needs triton (ModuleNotFoundError' in str(error), error\n"
+        "else:\n    raise AssertionError('ran without triton')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
