@@ -13,7 +13,7 @@ from conftest import fake_pretraining_run
 
 
 @pytest.mark.timeout(300)
-def test_represent_logs_cosines_on_the_pretraining_run_and_the_report_plots_them(exported, tmp_path):
+def test_represent_logs_cosines_on_the_pretraining_run_and_the_report_plots_them(exported, tmp_path, capsys):
 
     pairs = draw_pairs(8, documents=["one document", "another text", "a third one"])
     assert len(pairs.random) == 8 and all(a != b for a, b in pairs.random) and len(pairs.similar) == 8
@@ -35,5 +35,8 @@ def test_represent_logs_cosines_on_the_pretraining_run_and_the_report_plots_them
     assert {a.path for a in client.list_artifacts(run_id, "represent")} == {
         "represent/cosines.csv", "represent/fig1_cls_cosine.png"}
     assert (tmp_path / "rep" / "fig1_cls_cosine.png").is_file()
+    printed = capsys.readouterr().out  # where the results went: the run, its metrics and artifacts, a link
+    assert f"run {run_id}: mean cosine random" in printed and "represent/cosines.csv" in printed
+    assert f"this run:      http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}" in printed
     report = build(client, "ablation-tiny", tmp_path / "out")
     assert (tmp_path / "out" / "fig1_cls_cosine.png") in report.files

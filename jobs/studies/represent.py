@@ -127,8 +127,9 @@ def analyse_run(client: MlflowClient, run_id: str, pairs: Pairs, max_length: int
         figure = representation_figure({label: cosines}, Path(tmp) / "fig1_cls_cosine.png")
         client.log_artifact(run_id, str(figure), "represent")
     random_mean, similar_mean, gap = (values[k] for k in REPRESENT_METRICS)
-    print(f"{label} run {run_id}: mean cosine random {random_mean:.3f}, similar {similar_mean:.3f}, gap {gap:.3f}",
-          flush=True)
+    print(f"{label} run {run_id}: mean cosine random {random_mean:.3f}, similar {similar_mean:.3f}, gap {gap:.3f}; "
+          f"logged as its metrics {', '.join(REPRESENT_METRICS)} and artifacts {REPRESENT_ARTIFACT}, "
+          f"represent/fig1_cls_cosine.png", flush=True)
     return label, cosines
 
 
@@ -169,6 +170,9 @@ def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
     if opts.out:
         Path(opts.out).mkdir(parents=True, exist_ok=True)
         print(f"wrote {representation_figure(results, Path(opts.out) / 'fig1_cls_cosine.png')}")
+    first = client.get_run(run_ids[0]).info.experiment_id  # where to look: the runs, in the MLflow UI
+    print(tracking.ui_links(tracking_uri, first, run_id=run_ids[0] if len(run_ids) == 1 else None,
+                            compare=run_ids if len(run_ids) > 1 else []), flush=True)
     return results
 
 
