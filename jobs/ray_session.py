@@ -69,3 +69,5 @@ def quiet_ray_data(interactive: bool) -> None:
     context.enable_progress_bars = interactive
     context.print_on_execution_start = interactive
     logging.getLogger("ray.data").setLevel(logging.INFO if interactive else logging.WARNING)  # tips, plans
+    # and its note that the bars are off, which says only what this function just chose
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.NOTSET if interactive else logging.ERROR)
