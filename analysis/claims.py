@@ -55,7 +55,10 @@ class Claim:
 
 
 def not_measured(source: str, statement: str, why: str) -> Claim:
-    return Claim(source, statement, "-", "-", f"not measured: {why}")
+    """A claim that could not be judged: `why` is a reason, or already a verdict (`Study.row`'s
+    "not comparable: ..." or "not measured: ...")."""
+    verdict = why if why.startswith((NOT_COMPARABLE, "not measured")) else f"not measured: {why}"
+    return Claim(source, statement, "-", "-", verdict)
 
 
 # ----------------------------------------------------------------------------- the test
@@ -147,12 +150,6 @@ class Study:
         return values.sort_values("step")["value"].to_numpy()
 
 
-def unmeasured(source: str, statement: str, why: str) -> Claim:
-    """A claim that could not be judged: `why` is already a verdict (not comparable) or a reason."""
-    verdict = why if why.startswith((NOT_COMPARABLE, "not measured")) else f"not measured: {why}"
-    return Claim(source, statement, "-", "-", verdict)
-
-
 # ----------------------------------------------------------------------------- fine-tuning
 
 
@@ -162,7 +159,7 @@ def finetuning_claims(study: Study, source: str, statement: str, better: str, wo
     is about those), and a summary line when there are several."""
     rows = study.pair(better, worse)
     if isinstance(rows, str):
-        return [unmeasured(source, statement, rows)]
+        return [not_measured(source, statement, rows)]
     scores = study.scores if scores is None else scores
     a, b = (scores[scores["pretraining_run"] == r["run_id"]].set_index("task") for r in rows)
     shared = [t for t in sorted(set(a.index) & set(b.index)) if tasks is None or t in tasks]
@@ -198,7 +195,7 @@ def scl_gain_claim(study: Study, with_scl: str = "cocolm", without_scl: str = "c
     statement = f"the SCL gain ({with_scl} - {without_scl}) grows as labels shrink"
     rows = study.pair(with_scl, without_scl)
     if isinstance(rows, str):
-        return [unmeasured("Fig. 7c/d", statement, rows)]
+        return [not_measured("Fig. 7c/d", statement, rows)]
     points = with_fractions(study.fraction_scores)
     a, b = (points[points["pretraining_run"] == r["run_id"]].set_index(["base", "fraction"]) for r in rows)
     shared = sorted(set(a.index) & set(b.index))
@@ -239,7 +236,7 @@ def signal_claim(study: Study, source: str, statement: str, higher: tuple[str, s
     over those logged values."""
     rows = study.pair(*dict.fromkeys((higher[0], lower[0])))
     if isinstance(rows, str):
-        return unmeasured(source, statement, rows)
+        return not_measured(source, statement, rows)
     by_variant = {r["variant"]: r for r in rows}
     curves = [study.curve(by_variant[v]["run_id"], key) for v, key in (higher, lower)]
     short = [f"{v} {key}" for (v, key), c in zip((higher, lower), curves) if len(c) < 4]
@@ -257,7 +254,7 @@ def rise_claim(study: Study, source: str, statement: str, variant: str, key: str
     """`key` rises over the variant's run: the last fifth of its curve against the first fifth."""
     row = study.row(variant)
     if isinstance(row, str):
-        return unmeasured(source, statement, row)
+        return not_measured(source, statement, row)
     values = study.curve(row["run_id"], key)
     if len(values) < 4:
         return not_measured(source, statement, f"{variant} logged fewer than 4 values of {key}")
@@ -275,13 +272,14 @@ def stability_claim(study: Study, unstable: str = "clm_no_stopgrad", stable: str
     source, statement = "Table 3", f"without the stop-gradient training is less stable ({unstable} vs {stable})"
     rows = study.pair(unstable, stable)
     if isinstance(rows, str):
-        return unmeasured(source, statement, rows)
+        return not_measured(source, statement, rows)
     stopped = {r["variant"]: str(r.get("stopped") or "") for r in rows}
     if bool(stopped[unstable]) != bool(stopped[stable]):
         which = unstable if stopped[unstable] else stable
         return Claim(source, statement, f"{which} stopped: {stopped[which]}", "1 run each",
                      HOLDS if which == unstable else FAILS)
-    changes = [np.diff(study.curve(r["run_id"], "loss")[len(study.curve(r["run_id"], "loss")) // 2:]) for r in rows]
+    losses = [study.curve(r["run_id"], "loss") for r in rows]
+    changes = [np.diff(loss[len(loss) // 2:]) for loss in losses]
     if min(map(len, changes)) < 3:
         return not_measured(source, statement, "fewer than 8 logged loss values per run")
     difference = bootstrap(changes, lambda u, s, axis: np.std(u, axis=axis, ddof=1) - np.std(s, axis=axis, ddof=1))
@@ -298,7 +296,7 @@ def pairs_claim(study: Study, source: str, statement: str, higher: tuple[str, st
     """(variant, kind of pair) `higher`'s [CLS] cosines (jobs.studies.represent) are above `lower`'s."""
     rows = study.pair(*dict.fromkeys((higher[0], lower[0])))
     if isinstance(rows, str):
-        return unmeasured(source, statement, rows)
+        return not_measured(source, statement, rows)
     by_variant = {r["variant"]: r for r in rows}
     missing = [v for v in by_variant if by_variant[v]["run_id"] not in study.pairs]
     if missing:
@@ -317,7 +315,7 @@ def fewshot_claims(study: Study, source: str, statement: str, better: tuple[str,
     """(variant, method) `better`'s few-shot test accuracies are above `worse`'s, per task, over the splits."""
     rows = study.pair(*dict.fromkeys((better[0], worse[0])))
     if isinstance(rows, str):
-        return [unmeasured(source, statement, rows)]
+        return [not_measured(source, statement, rows)]
     by_variant = {r["variant"]: r for r in rows}
     sides = [study.fewshot[(study.fewshot["pretraining_run"] == by_variant[v]["run_id"])
                            & (study.fewshot["method"] == m)].set_index("task") for v, m in (better, worse)]
