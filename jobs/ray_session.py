@@ -32,13 +32,17 @@ def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
             # Ray's notice that it turned token authentication on ends "Set RAY_AUTH_MODE=disabled to opt
             # out": advice this platform never gives (docs/design.md section 8). Its warning for a
             # cluster started without authentication stays.
-            logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
-                lambda record: "to opt out" not in record.getMessage())
+            logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(no_opt_out_advice)
             ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
             private_token_file()
     quiet_ray_data(sys.stdout.isatty())
     if not sys.stdout.isatty():  # worker lines reach a log file or a pipe: no ANSI colour codes in them
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def no_opt_out_advice(record: logging.LogRecord) -> bool:
+    """A logging filter (one function, so adding it again on every start keeps one copy)."""
+    return "to opt out" not in record.getMessage()
 
 
 def token_file() -> Path | None:
