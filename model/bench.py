@@ -1,9 +1,9 @@
 """Micro-benchmark of full training steps (forward, backward, optimizer) on random tokens: ours and,
 with --peer, a transformers model doing the same job on the same batch, in the same process.
 
-    python -m model.bench --preset tiny|small|base|base++|large++ --seq-len L --batch B --steps N
+    python -m model.bench --preset tiny|small|base|base++|large++|study|study-cpu --seq-len L --batch-size B --steps N
         [--variant NAME] [--attention auto|sdpa|flex|triton|reference] [--attention-dropout P] [--compile]
-        [--peer hf-electra|hf-roberta|all] [--profile]
+        [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile]
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
 device's dense bf16 peak; with --peer the peer's numbers and the ratios ours/peer of tokens/s and
@@ -25,10 +25,10 @@ dropout), each against both peers, with 'auto' (the Triton kernel) and with the 
 replaces (SDPA's memory-efficient kernel with the bias; FlexAttention with the bias fused); each
 side compiles first:
 
-    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --peer all
-    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --peer all --attention sdpa
-    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --peer all --attention-dropout 0
-    python -m model.bench --preset base --seq-len 512 --batch 32 --steps 20 --compile --attention-dropout 0 \
+    python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all
+    python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all --attention sdpa
+    python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all --attention-dropout 0
+    python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --attention-dropout 0 \
         --attention flex
 
 Targets (printed as met or NOT met at base, T=512, on a GPU; never asserted): with attention
@@ -44,7 +44,10 @@ so --attention flex needs --attention-dropout 0. The peers get the same dropout 
 Every side runs the pretraining job's own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, fused AdamW, the
 schedule), so a step time here is the job's step time on the same batch. --compile compiles the
 encoder layers of both sides (`model.encoder.compile_encoders`: the step around them, with its
-data-dependent gathers and sampling, stays eager). The batch comes through the job's
+data-dependent gathers and sampling, stays eager). --fixed-shapes pads the masked-position index to a
+fixed count (`train.fixed_shapes`), and --compile-step then compiles our whole step as one graph
+(`train.compile_step`; reduce-overhead replays it as CUDA graphs; the peers keep --compile's
+per-layer compile). The batch comes through the job's
 `model.objective.to_device`, so the masked positions are indexed on the host and no step makes
 the host wait for the device; the peers' glue selects positions the same way.
 
@@ -66,10 +69,12 @@ import gc
 import resource
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import torch
 import transformers
+import yaml
 from torch import nn
 
 from .attention import ATTENTION_CHOICES, flex_failure, resolve_attention, triton_failure
@@ -79,10 +84,12 @@ from .encoder import Encoder, compile_encoders
 from .flops import device_peak_flops, electra_peer_step_flops, roberta_peer_step_flops, step_flops
 from .losses import mlm_loss
 from .objective import build_pretraining_model, step_inputs, take, to_device
-from .step import OptimizerConfig, TrainingStep, build_optimizer
+from .step import STEP_COMPILE_MODES, OptimizerConfig, TrainingStep, build_optimizer
+from .step import compile_step as compile_whole_step
 from .variants import variant
 
 PEERS = ("hf-electra", "hf-roberta")
+MASK_RATE = 0.15  # the paper's, and `random_batch`'s
 RTD_WEIGHT = 50.0  # ELECTRA's discriminator loss weight (lambda in the ELECTRA paper)
 
 
@@ -129,7 +136,30 @@ def random_batch(batch: int, seq_len: int, vocab_size: int, crop_fraction: float
     first_regular = SpecialTokens.mask + 1
     ids = torch.randint(first_regular, vocab_size, (batch, seq_len), generator=generator)
     ids[:, 0] = SpecialTokens.cls
-    return make_pretraining_batch(ids, crop_fraction=crop_fraction, generator=generator)
+    return make_pretraining_batch(ids, MASK_RATE, crop_fraction, generator)
+
+
+PRESETS = Path(__file__).resolve().parents[1] / "platform" / "presets"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def preset_configs(name: str) -> tuple[ModelConfig, ObjectiveConfig]:
+    """The model and objective of the pretraining job's preset NAME (platform/presets/NAME.yaml): its
+    `model.size` with its other model keys, the vocabulary of `data.vocab_size`, its objective keys.
+    Read here rather than through jobs/ (which needs Ray's stack) so the bench runs where only torch
+    and transformers are; tests/test_bench_peers.py checks it equals the job's resolution."""
+    path = PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {name!r}; the presets are {available_presets()}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    model_keys = dict(raw.get("model") or {})
+    size = model_keys.pop("size", name)
+    vocab = (raw.get("data") or {}).get("vocab_size")
+    model_cfg = model_size(size, **model_keys, **({"vocab_size": int(vocab)} if vocab else {}))
+    return model_cfg, ObjectiveConfig(**(raw.get("objective") or {}))
 
 
 def bench_config(
@@ -137,7 +167,7 @@ def bench_config(
 ) -> tuple[ModelConfig, ObjectiveConfig, float]:
     """Model and objective config of a preset with a variant applied, and the variant's crop fraction."""
     chosen = variant(variant_name)
-    model_cfg, objective_cfg = chosen.apply(model_size(preset), ObjectiveConfig())
+    model_cfg, objective_cfg = chosen.apply(*preset_configs(preset))
     if attention_dropout is not None:
         model_cfg = replace(model_cfg, attention_dropout=attention_dropout)
     return model_cfg, objective_cfg, chosen.data.get("crop_fraction", 0.9)
@@ -169,12 +199,15 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def training_step(model: nn.Module, data: dict[str, torch.Tensor], device: torch.device) -> Callable[[], None]:
+def training_step(
+    model: nn.Module, data: dict[str, torch.Tensor], device: torch.device, cuda_graphs: bool = False
+) -> Callable[[], None]:
     """The pretraining job's own step (`model.step.TrainingStep`: bf16 autocast, backward, clipping,
     fused AdamW with the paper's settings and schedule) on one fixed batch, for ours and the peers alike."""
     cfg = OptimizerConfig()
     optimizer, scheduler = build_optimizer(model, cfg, device)
-    step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.clip_norm)
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.clip_norm,
+                        cuda_graphs=cuda_graphs)
     return lambda: step([data])
 
 
@@ -223,19 +256,26 @@ def profile_table(step: Callable[[], None], device: torch.device, steps: int = 3
 def run(
     preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, attention: str = "auto", compile: bool = False,
-    attention_dropout: float | None = None, profile: bool = False,
+    attention_dropout: float | None = None, profile: bool = False, fixed_shapes: bool = False,
+    compile_step: str = "off",
 ) -> BenchResult:
-    """Our training step for a preset and variant."""
+    """Our training step for a preset and variant; `compile_step` (a mode of `model.step.compile_step`)
+    compiles it whole, in place of `compile`'s layers, and needs `fixed_shapes`."""
+    if compile_step != "off" and not fixed_shapes:
+        raise ValueError("compile_step needs fixed_shapes: the masked-position count would change the shapes")
     dev = _device(device)
     model_cfg, objective_cfg, crop_fraction = bench_config(preset, variant_name, attention_dropout)
     resolve_attention(attention, dev, dropout_active=model_cfg.attention_dropout > 0)  # fail before building
     model = build_pretraining_model(model_cfg, objective_cfg).to(dev).train()
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         encoder.set_attention(attention)
-    if compile:
+    if compile_step != "off":
+        compile_whole_step(model, compile_step)
+    elif compile:
         compile_encoders(model)
-    data = to_device(random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction), dev)
-    step = training_step(model, data, dev)
+    raw = random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction)
+    data = to_device(raw, dev, MASK_RATE if fixed_shapes else None)
+    step = training_step(model, data, dev, cuda_graphs=compile_step == "reduce-overhead" and dev.type == "cuda")
     flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
     result = time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
     return replace(result, attention=attention_ran(model))
@@ -247,7 +287,8 @@ def attention_ran(model: nn.Module) -> str:
     ran: dict[str, set[str]] = {}
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         for kind, implementation in encoder.attention_ran.items():
-            ran.setdefault(kind, set()).add(implementation)
+            if implementation:  # "": no pass of this kind ran (`model.step.compile_step` sets the keys)
+                ran.setdefault(kind, set()).add(implementation)
     kinds = [kind for kind in ("training", "no-grad") if kind in ran]
     return ", ".join(f"{'/'.join(sorted(ran[kind]))} in {kind} passes" for kind in kinds)
 
@@ -404,22 +445,46 @@ def targets(ours: BenchResult, electra: BenchResult, attention_dropout: float) -
     return "\n".join(lines)
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else argparse's one-line usage error naming the range."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: it must be >= {low}")
+        return value
+    return parse
+
+
+def probability(text: str) -> float:
+    """An argparse type: a dropout probability in [0, 1)."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: it must be 0 <= p < 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny", help="model size: tiny, small, base, base++, large++")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
+    parser.add_argument("--preset", default="tiny", choices=available_presets(),
+                        help="the pretraining job's preset: its model, objective and vocabulary")
+    parser.add_argument("--seq-len", type=at_least(2), default=128)
+    parser.add_argument("--batch-size", type=at_least(1), default=8, help="sequences per step")
+    parser.add_argument("--steps", type=at_least(1), default=10, help="timed steps")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
                         help="auto: the Triton kernel (triton) on CUDA, else sdpa")
-    parser.add_argument("--attention-dropout", type=float, default=None,
+    parser.add_argument("--attention-dropout", type=probability, default=None,
                         help="override the preset's attention dropout (0 enables flex in training), "
                         "for the peer too")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder layers (ours and the peer's)")
+    parser.add_argument("--fixed-shapes", action="store_true",
+                        help="pad our masked-position index to a fixed count per batch (train.fixed_shapes)")
+    parser.add_argument("--compile-step", default="off", choices=STEP_COMPILE_MODES,
+                        help="torch.compile our whole step as one graph (train.compile_step; needs --fixed-shapes); "
+                        "reduce-overhead replays it as CUDA graphs")
     parser.add_argument("--peer", default=None, choices=(*PEERS, "all"),
                         help="also time a transformers peer on the same batch; all: --variant against "
                         "hf-electra, then roberta_mlm against hf-roberta, with a summary and the targets")
@@ -430,16 +495,19 @@ def main(argv: list[str] | None = None) -> None:
     model_cfg = bench_config(args.preset, args.variant, args.attention_dropout)[0]
     if args.attention == "flex" and model_cfg.attention_dropout > 0:
         parser.error("--attention flex needs --attention-dropout 0: FlexAttention has no attention dropout")
+    if args.compile_step != "off" and not args.fixed_shapes:
+        parser.error("--compile-step needs --fixed-shapes: the masked-position count would change the shapes")
     peers = list(PEER_VARIANTS) if args.peer == "all" else [args.peer]
-    print(f"training step: preset={args.preset} seq_len={args.seq_len} batch={args.batch} compile={args.compile} "
+    print(f"training step: preset={args.preset} seq_len={args.seq_len} batch_size={args.batch_size} compile={args.compile} "
+          f"fixed_shapes={args.fixed_shapes} compile_step={args.compile_step} "
           f"attention_dropout={model_cfg.attention_dropout} torch={torch.__version__}")
     rows: list[tuple[str, BenchResult]] = []
     for peer_name in peers:
         variant_name = PEER_VARIANTS.get(peer_name) or args.variant
-        shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch, steps=args.steps,
+        shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch_size, steps=args.steps,
                       warmup=args.warmup, variant_name=variant_name, device=args.device, compile=args.compile,
                       attention_dropout=args.attention_dropout, profile=args.profile)
-        ours = run(attention=args.attention, **shared)
+        ours = run(attention=args.attention, fixed_shapes=args.fixed_shapes, compile_step=args.compile_step, **shared)
         _print_side(f"ours ({variant_name})", ours)
         print(_attention_line(args.attention, ours.attention))
         rows.append((f"ours {variant_name}", ours))

@@ -15,7 +15,9 @@ The batch contract between the stream and the training loop (all tensors on CPU 
     crop_attention_mask (B, Tc) bool
 
 `model.objective.to_device` adds, computed on the host before the move, `masked_index` (N,) int64
-(M as flat indices) and `all_real` (a Python bool: no padding in either view).
+(M as flat indices) and `all_real` (a Python bool: no padding in either view). With a fixed shape
+(`train.fixed_shapes`) the index is padded to `prediction_slots` entries and `masked_valid` (P,) bool
+marks the real ones.
 """
 
 from __future__ import annotations
@@ -41,6 +43,26 @@ class SpecialTokens:
 def mask_count(length: torch.Tensor, rate: float, u: torch.Tensor) -> torch.Tensor:
     """The paper's (fairseq's) count rule: int(rate * length + U[0,1)), so the expectation is exact."""
     return (rate * length.to(torch.float64) + u.to(torch.float64)).floor().long()
+
+
+# The largest float64 below 1: torch.rand's float64 draws are multiples of 2**-53 in [0, 1).
+LARGEST_UNIFORM = 1.0 - 2.0**-53
+
+
+def max_mask_count(rate: float, length: int) -> int:
+    """The most positions `choose_mask_positions` can mask in a row of at most `length` tokens:
+    `mask_count` at the largest draw u < 1, evaluated by the same floating-point rule. The rule only
+    grows with the length and with u (rounding is monotone), so no row ever exceeds it. That is
+    ceil(rate * length), or rate * length + 1 where that product is whole (32.0 + u can round to 33)."""
+    return int(mask_count(torch.tensor(length), rate, torch.tensor(LARGEST_UNIFORM)))
+
+
+def prediction_slots(rate: float, batch: int, length: int) -> int:
+    """The fixed number of masked-position slots of a (batch, length) block (BERT's and ELECTRA's
+    `max_predictions_per_seq`, times the batch): `max_mask_count` per row, a bound that holds by
+    construction, so padding to it never drops a masked position. The slack over the expected
+    rate * length per row is below one slot per row (77 slots for 76.8 at T=512 and rate 0.15)."""
+    return batch * max_mask_count(rate, length)
 
 
 def choose_mask_positions(

@@ -19,9 +19,26 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values.float() * mask).sum() / mask.sum()
 
 
-def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy at the masked positions. (N, V), (N,) -> ()"""
-    return F.cross_entropy(logits.float(), targets)
+IGNORE_INDEX = -100  # F.cross_entropy's default
+
+
+def valid_mean(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of `values` (N,) over the slots where `valid` is True; all of them when `valid` is None.
+
+    `valid` marks the real slots of a fixed-shape step's padded position index (`model.objective.
+    to_device`). The padded slots are selected away rather than multiplied by 0, so they add nothing to
+    the mean and pass back a zero gradient even where their value is inf."""
+    if valid is None:
+        return values.mean()
+    return torch.where(valid, values, 0.0).sum() / valid.sum()
+
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy at the masked positions. (N, V), (N,) -> (); `valid` (N,) as in `valid_mean`:
+    the padded slots are cross-entropy's ignored targets, so the mean is over the real ones."""
+    if valid is not None:
+        targets = torch.where(valid, targets, IGNORE_INDEX)
+    return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
 
 
 def copy_loss(copy_logits: torch.Tensor, is_original: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -81,6 +98,7 @@ def lm_loss(
     targets: torch.Tensor,  # (N,) x_orig
     copy_mixture: bool = True,
     stop_gradient: bool = True,
+    valid: torch.Tensor | None = None,  # (N,) bool: the real slots of a padded index (`valid_mean`)
 ) -> torch.Tensor:
     """L_LM = mean of -log p_LM(x_orig) over the LM positions, through the copy mixture in log space.
 
@@ -89,12 +107,12 @@ def lm_loss(
     log_softmax = torch.log_softmax(lm_logits.float(), dim=-1)
     log_target = log_softmax.gather(1, targets[:, None]).squeeze(1)  # (N,)
     if not copy_mixture:
-        return -log_target.mean()
+        return -valid_mean(log_target, valid)
     c = copy_logits.float().detach() if stop_gradient else copy_logits.float()
     generate = F.logsigmoid(-c) + log_target
     # Where the input already holds the original token, the copy branch adds p_copy(1).
     log_p = torch.where(corrupted == targets, torch.logaddexp(F.logsigmoid(c), generate), generate)
-    return -log_p.mean()
+    return -valid_mean(log_p, valid)
 
 
 def all_gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -4,6 +4,11 @@ Per batch (docs/method.md sections 3-4): the auxiliary's train-mode pass gives L
 no-grad pass samples replacements at the masked positions M (x_mlm); the main encoder reads x_mlm
 and is trained by the copy loss on every real position, the LM loss at M through the copy mixture,
 and SCL between x_mlm and the crop view. Variants switch parts off through `ObjectiveConfig`.
+
+M arrives as flat indices (`to_device`), optionally padded to a fixed count (`pad_masked_index`, with
+`masked_valid` marking the real slots): then every batch gives the step the same shapes, and the
+whole step compiles as one graph (`model.step.compile_step`). Padded slots are left out of every loss
+and signal, so both forms give the same numbers.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from torch import nn
 
 from . import losses
 from .config import ModelConfig, ObjectiveConfig
-from .corruption import (SpecialTokens, bert_mask_inputs, electra_generator_inputs, random_replacements,
-                         sample_replacements)
+from .corruption import (SpecialTokens, bert_mask_inputs, electra_generator_inputs, prediction_slots,
+                         random_replacements, sample_replacements)
 from .encoder import Encoder
 from .heads import CLMHead, CopyHead, ElectraDiscriminatorHead, MLMHead, SCLHead
 
@@ -67,14 +72,50 @@ def step_inputs(batch: dict) -> tuple[torch.Tensor, bool]:
     return masked_index(batch["mask_positions"]), unpadded(batch)
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
+def masked_valid(batch: dict) -> torch.Tensor | None:
+    """(P,) bool, True on the real slots of a padded `masked_index` (`pad_masked_index`); None when
+    the index is not padded, every slot real."""
+    return batch.get("masked_valid")
+
+
+def pad_masked_index(index: torch.Tensor, mask: torch.Tensor, rate: float) -> dict[str, torch.Tensor]:
+    """The masked-position index (N,) padded to the fixed `prediction_slots(rate, B, T)`, so a step's
+    shapes are the same for every batch: {"masked_index": (P,), "masked_valid": (P,) bool}.
+
+    The real slots come first, in `masked_index` order, the padded ones after them (so a step's one
+    draw of replacements from a generator gives the real slots the tokens an unpadded step draws; with
+    more draws per step, or on another device, the tokens differ, but not their distribution).
+    The padded slots point at an unmasked position (the first: [CLS] in a pretraining block), so
+    writing its own token back there (`scatter`) leaves the batch as it was; the losses and
+    accuracies leave them out (`losses.valid_mean`). The bound holds by construction for batches of
+    `choose_mask_positions`; a batch masked otherwise that exceeds it is an error, never truncated.
+    """
+    slots, count = prediction_slots(rate, *mask.shape), index.numel()
+    if count > slots:
+        raise ValueError(f"{count} masked positions exceed the fixed {slots} slots of a {tuple(mask.shape)} batch at "
+                         f"mask rate {rate} (model.corruption.prediction_slots); was it masked at another rate?")
+    flat = mask.flatten()
+    fill = int(torch.argmin(flat.to(torch.uint8)))  # the first unmasked position
+    if count < slots and flat[fill]:
+        raise ValueError("every position of the batch is masked: no position to point the padded slots at")
+    return {"masked_index": torch.cat([index, index.new_full((slots - count,), fill)]),
+            "masked_valid": torch.arange(slots) < count}
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device, fixed_rate: float | None = None) -> dict:
     """A CPU batch moved to `device` for a training step, with `step_inputs` computed on the host
     first, where reading them costs nothing. The step then never waits for the device, so the host
     queues the next step's kernels while the GPU still runs this one's. On CUDA the copies come
-    from pinned memory and do not block the host either."""
+    from pinned memory and do not block the host either.
+
+    With `fixed_rate` (the data's mask rate; `train.fixed_shapes`) the index is padded to a fixed
+    length (`pad_masked_index`), so every batch of one (B, T) gives the step the same shapes: the
+    whole step compiles once and CUDA graphs can replay it."""
     index, all_real = step_inputs(batch)
     pinned = device.type == "cuda"
     tensors = {**batch, "masked_index": index}
+    if fixed_rate is not None:
+        tensors.update(pad_masked_index(index, batch["mask_positions"], fixed_rate))
     moved = {k: (v.pin_memory() if pinned else v).to(device, non_blocking=pinned) for k, v in tensors.items()
              if torch.is_tensor(v)}
     return {**moved, "all_real": all_real}
@@ -85,9 +126,26 @@ def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.flatten(0, 1).index_select(0, index)
 
 
-def _mean(values: torch.Tensor) -> torch.Tensor:
-    """Mean of a possibly empty selection: NaN when empty, so an absent signal is never read as 0."""
+def scatter(x: torch.Tensor, index: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """x (B, T) with `values` (N,) written at the flat `index`. The padded slots of a fixed-shape index
+    (`valid` False) write back x's own token at the position they point at, so they change nothing."""
+    flat = x.flatten()
+    if valid is not None:
+        values = torch.where(valid, values, flat.index_select(0, index))
+    return flat.index_copy(0, index, values).view_as(x)
+
+
+def _mean(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of a possibly empty selection (of its `valid` slots when given): NaN when empty, so an
+    absent signal is never read as 0."""
+    if valid is not None:
+        return losses.masked_mean(values, valid)
     return values.float().mean() if values.numel() else values.new_tensor(float("nan"), dtype=torch.float32)
+
+
+def _both(mask: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """`mask` restricted to the real slots of a padded index."""
+    return mask if valid is None else mask & valid
 
 
 @dataclass
@@ -180,14 +238,14 @@ class PretrainingObjective(nn.Module):
         generator: torch.Generator | None, all_real: bool = False,
     ) -> torch.Tensor:
         """x_mlm: the masked positions filled with auxiliary samples (or uniform tokens); adds L_aux_MLM."""
-        x_orig = batch["input_ids"]
+        x_orig, valid = batch["input_ids"], masked_valid(batch)
         targets = take(x_orig, index)  # (N,)
         if self.cfg.replacement == "random":
             drawn = random_replacements(targets.numel(), self.main.cfg.vocab_size, x_orig.device, generator)
         else:
             drawn = self._aux_samples(batch, index, targets, out, generator, all_real)
-        out.replaced_fraction = _mean(drawn != targets)
-        return x_orig.flatten().index_copy(0, index, drawn).view_as(x_orig)
+        out.replaced_fraction = _mean(drawn != targets, valid)
+        return scatter(x_orig, index, drawn, valid)
 
     def _aux_samples(
         self,
@@ -198,16 +256,16 @@ class PretrainingObjective(nn.Module):
         generator: torch.Generator | None,
         all_real: bool = False,
     ) -> torch.Tensor:
-        masked_ids, read_mask = batch["masked_ids"], None
+        masked_ids, read_mask, valid = batch["masked_ids"], None, masked_valid(batch)
         if self.cfg.aux_unchanged_fraction:  # ELECTRA's generator sees some chosen positions unmasked
             shown = electra_generator_inputs(targets, self.cfg.aux_unchanged_fraction, generator)
-            masked_ids = masked_ids.flatten().index_copy(0, index, shown).view_as(masked_ids)
+            masked_ids = scatter(masked_ids, index, shown, valid)
             read_mask = shown == SpecialTokens.mask
         inputs = (masked_ids, batch["attention_mask"], index, all_real)
         train_logits = None
         if not self.cfg.freeze_aux:
             train_logits = self.aux(*inputs)  # (N, V), dropout on
-            out.aux_mlm_loss = losses.mlm_loss(train_logits, targets)
+            out.aux_mlm_loss = losses.mlm_loss(train_logits, targets, valid)
             out.loss = out.loss + self.cfg.aux_mlm_weight * out.aux_mlm_loss
         with torch.no_grad():
             if train_logits is None or self.cfg.sample_in_eval:
@@ -219,7 +277,8 @@ class PretrainingObjective(nn.Module):
                 sample_logits = train_logits.detach()
             # at the [MASK] inputs only, as roberta_mlm's: where the input shows the answer, copying it is no MLM
             correct = sample_logits.argmax(-1) == targets
-            out.aux_mlm_accuracy = _mean(correct) if read_mask is None else losses.masked_mean(correct, read_mask)
+            out.aux_mlm_accuracy = (_mean(correct, valid) if read_mask is None
+                                    else losses.masked_mean(correct, _both(read_mask, valid)))
             return sample_replacements(sample_logits, generator)
 
     def _clm(
@@ -240,21 +299,35 @@ class PretrainingObjective(nn.Module):
             out.copy_accuracy_replaced = losses.masked_mean(~predicted_original, real & ~is_original)
             out.copy_accuracy_original = losses.masked_mean(predicted_original, real & is_original)
         if self.clm_head is not None:
-            where = index
-            if cfg.lm_all_tokens:  # every real position: all of them in a padding-free batch, no host wait
-                where = torch.arange(real.numel(), device=real.device) if all_real else masked_index(real)
+            where, valid = self._lm_positions(batch, index, all_real)
             lm_logits = self.clm_head(take(h, where))  # (N, V): vocabulary projection only where the LM loss is
             args = (lm_logits, take(copy_logits, where), take(corrupted, where))
             targets = take(x_orig, where)
-            out.lm_loss = losses.lm_loss(*args, targets, cfg.lm_copy_mixture, cfg.lm_stop_gradient)
+            out.lm_loss = losses.lm_loss(*args, targets, cfg.lm_copy_mixture, cfg.lm_stop_gradient, valid)
             clm = clm + cfg.lm_weight * out.lm_loss
             with torch.no_grad():
                 correct = losses.lm_predictions(*args, cfg.lm_copy_mixture) == targets
                 original_there = take(is_original, where)
-                out.lm_accuracy_replaced = losses.masked_mean(correct, ~original_there)
-                out.lm_accuracy_original = losses.masked_mean(correct, original_there)
+                out.lm_accuracy_replaced = losses.masked_mean(correct, _both(~original_there, valid))
+                out.lm_accuracy_original = losses.masked_mean(correct, _both(original_there, valid))
         out.clm_loss = clm
         out.loss = out.loss + clm
+
+    def _lm_positions(
+        self, batch: dict[str, torch.Tensor], index: torch.Tensor, all_real: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where the LM loss is taken, as flat indices, and which of them are real (None: all): M, or
+        for all_token_lm every real position. In a padding-free batch those are all of them, without
+        a host wait; with padding, a fixed-shape step takes every position and marks the real ones
+        (a fixed shape), the other step selects them (the host waits on the count)."""
+        valid = masked_valid(batch)
+        if not self.cfg.lm_all_tokens:
+            return index, valid
+        real = batch["attention_mask"]
+        every = torch.arange(real.numel(), device=real.device)
+        if all_real:
+            return every, None
+        return (every, real.flatten()) if valid is not None else (masked_index(real), None)
 
     def _scl(
         self, batch: dict[str, torch.Tensor], h: torch.Tensor, out: PretrainingOutput, all_real: bool = False
@@ -279,15 +352,15 @@ class PretrainingObjective(nn.Module):
         unigram plateau would look left behind, and the auxiliary (which reads [MASK] everywhere)
         would look behind RoBERTa, with neither true."""
         index, all_real = step_inputs(batch)
-        x_orig = batch["input_ids"]
+        x_orig, valid = batch["input_ids"], masked_valid(batch)
         targets = take(x_orig, index)
         inputs = bert_mask_inputs(targets, self.main.cfg.vocab_size, generator)
-        x_masked = x_orig.flatten().index_copy(0, index, inputs).view_as(x_orig)
+        x_masked = scatter(x_orig, index, inputs, valid)
         h = self.main(x_masked, batch["attention_mask"], all_real)
         logits = self.mlm_head(take(h, index))  # (N, V)
-        loss = losses.mlm_loss(logits, targets)
+        loss = losses.mlm_loss(logits, targets, valid)
         with torch.no_grad():
-            accuracy = losses.masked_mean(logits.argmax(-1) == targets, inputs == SpecialTokens.mask)
+            accuracy = losses.masked_mean(logits.argmax(-1) == targets, _both(inputs == SpecialTokens.mask, valid))
         return PretrainingOutput(loss=loss, mlm_loss=loss.detach(), mlm_accuracy=accuracy)
 
 

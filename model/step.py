@@ -7,6 +7,8 @@ the warm-up / linear-decay schedule. A non-finite gradient norm skips the update
 and the last checkpoint stay good; the caller reads the norms at its next log line (`Interval`) and
 stops. Nothing in a step makes the host wait for the device, given a batch from
 `model.objective.to_device`: the host queues the next step while the GPU still runs this one.
+With fixed shapes the forward can be compiled whole (`compile_step`) and, on CUDA, replayed as
+CUDA graphs (`TrainingStep(cuda_graphs=True)`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,25 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .encoder import Encoder
 from .objective import PretrainingOutput
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """The paper's AdamW settings, declared once: the pretraining, fine-tuning and few-shot configs embed
+    it (`train.adamw.*` in a preset). Weight decay applies to weight matrices only (`param_groups`)."""
+
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+
+    def build(self, model: nn.Module, lr: float, position_bias_lr_scale: float = 1.0,
+              fused: bool | None = None) -> torch.optim.AdamW:
+        """AdamW over `param_groups(model)` at learning rate `lr`."""
+        groups = param_groups(model, self.weight_decay, position_bias_lr_scale, lr)
+        return torch.optim.AdamW(groups, lr=lr, betas=(self.beta1, self.beta2), eps=self.eps, fused=fused)
 
 
 @dataclass(frozen=True)
@@ -30,10 +50,7 @@ class OptimizerConfig:
     peak_lr: float = 5e-4
     warmup_steps: int = 10_000
     max_steps: int = 125_000
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-6
+    adamw: AdamW = field(default_factory=AdamW)
     clip_norm: float = 2.0
     # Learning rate of the relative position bias tables, as a multiple of the others' (1: the paper's
     # one learning rate). Adam moves each table entry by about the learning rate per step, and a key
@@ -76,12 +93,35 @@ def build_optimizer(
     """AdamW over `param_groups` and its schedule. Fused (one kernel for all parameters, on CUDA and
     CPU alike), because only the fused kernel can skip a non-finite update without the host reading
     the gradient norm (`TrainingStep.update`)."""
-    optimizer = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay, cfg.position_bias_lr_scale, cfg.peak_lr), lr=cfg.peak_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_eps, fused=True,
-    )
+    optimizer = cfg.adamw.build(model, cfg.peak_lr, cfg.position_bias_lr_scale, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.max_steps))
     return optimizer, scheduler
+
+
+# `train.compile_step`: off, or torch.compile's mode for the whole step ("reduce-overhead": CUDA graphs).
+STEP_COMPILE_MODES = ("off", "default", "reduce-overhead")
+
+
+def compile_step(model: nn.Module, mode: str, backend: str = "inductor") -> None:
+    """`torch.compile` the whole pretraining forward in place, as one graph (`fullgraph=True`): both
+    encoders, the sampling, the heads and the losses; the backward follows through AOT autograd. Needs
+    fixed shapes (`model.objective.to_device(..., fixed_rate=...)`): a batch's masked-position count
+    would otherwise be a new shape, so a new compilation, per batch. Randomness is drawn from torch's
+    generator on every call (dropout, sampling, the Triton kernel's seed tensor), never baked into the
+    graph; a `torch.Generator` argument is for eager runs only. `Module.compile` leaves the
+    `state_dict` keys as they are. `backend` is torch.compile's; `mode` applies to inductor only
+    ("aot_eager" in the CPU tests: no C++ toolchain)."""
+    if mode not in STEP_COMPILE_MODES:
+        raise ValueError(f"unknown step compile mode {mode!r}; choose one of {STEP_COMPILE_MODES}")
+    if mode == "off":
+        return
+    for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
+        # Each encoder records the attention that ran in a dict (`Encoder.attention_ran`); dynamo guards
+        # on its keys, so a first trace with the dict still empty would compile the step twice.
+        for kind in ("training", "no-grad"):
+            encoder.attention_ran.setdefault(kind, "")
+    options = {"mode": mode} if backend == "inductor" else {}
+    model.compile(fullgraph=True, dynamic=False, backend=backend, **options)
 
 
 @dataclass
@@ -142,9 +182,15 @@ class TrainingStep:
         self, model: Callable[[dict[str, torch.Tensor]], PretrainingOutput | torch.Tensor],
         parameters: Iterable[nn.Parameter], optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None, device: torch.device, *,
-        clip_norm: float, accumulation: int = 1, bf16: bool = True,
+        clip_norm: float, accumulation: int = 1, bf16: bool = True, cuda_graphs: bool = False,
     ):
+        if cuda_graphs and accumulation > 1:
+            # CUDA graph trees hand a gradient buffer of one replay to .grad, and the next micro-batch's
+            # replay overwrites it (pytorch/pytorch#169545): gradients would be wrong or the step fail.
+            raise ValueError("a step replayed as CUDA graphs (compile mode reduce-overhead) takes one micro-batch "
+                             f"per optimizer step, not {accumulation}: raise data.batch_size, or compile with 'default'")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.cuda_graphs = cuda_graphs
         self.parameters = [p for p in parameters if p.requires_grad]
         self.clip_norm, self.accumulation = clip_norm, accumulation
         # bf16 autocast on CUDA only: CPU runs (tests, laptops) stay fp32.
@@ -157,11 +203,15 @@ class TrainingStep:
     def micro_batch(self, batch: dict[str, torch.Tensor], last: bool) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro-batch (gradients accumulate); its values, still on the device."""
         skip_all_reduce = not last and self._no_sync is not None
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are dead from here on
         with (self._no_sync() if skip_all_reduce else contextlib.nullcontext()), self.autocast:
             out = self.model(batch)
             loss = out.loss if isinstance(out, PretrainingOutput) else out
             (loss / self.accumulation).backward()
-        return out.values() if isinstance(out, PretrainingOutput) else {"loss": loss.detach().float()}
+        values = out.values() if isinstance(out, PretrainingOutput) else {"loss": loss.detach().float()}
+        # A replayed graph's outputs live in memory the next replay overwrites; the values outlive it.
+        return {k: v.clone() for k, v in values.items()} if self.cuda_graphs else values
 
     def update(self) -> torch.Tensor:
         """Clip, step the optimizer and the schedule, clear the gradients; returns the norm before

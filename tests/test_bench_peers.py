@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 @pytest.mark.parametrize("variant,peer", [("cocolm", "hf-electra"), ("roberta_mlm", "hf-roberta")])
 def test_cli_prints_ours_the_peer_and_the_ratios(capsys, monkeypatch, variant, peer):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    main(["--preset", "tiny", "--seq-len", "32", "--batch", "2", "--steps", "1", "--warmup", "1",
+    main(["--preset", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "1", "--warmup", "1",
           "--variant", variant, "--peer", peer, "--device", "cpu"])
     lines = capsys.readouterr().out.splitlines()
     assert f"ours ({variant})" in lines and any(line.startswith(f"peer {peer}") for line in lines)
@@ -81,7 +81,7 @@ def test_our_flop_count_matches_torchs_count(variant):
 
 def test_peer_all_measures_both_pairs_and_prints_one_table(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    main(["--preset", "tiny", "--seq-len", "32", "--batch", "2", "--steps", "1", "--warmup", "1",
+    main(["--preset", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "1", "--warmup", "1",
           "--peer", "all", "--device", "cpu", "--profile"])
     out = capsys.readouterr().out
     table = out[out.index("side "):].splitlines()
@@ -116,3 +116,15 @@ def test_our_electra_baseline_does_the_electra_peers_work():
     model_cfg, objective_cfg, crop_fraction = bench_config("base", "electra")
     assert step_flops(model_cfg, objective_cfg, 512, 32, crop_fraction=crop_fraction) == pytest.approx(
         electra_peer_step_flops(model_cfg, 512, 32), rel=1e-12)
+
+
+def test_the_bench_takes_the_jobs_presets_and_resolves_them_as_the_job_does():
+    """`--preset study` means the job's study preset here too: its model, objective and vocabulary."""
+    from jobs.pretraining.config import available_presets as job_presets, resolve
+    from model.bench import available_presets, preset_configs
+
+    assert available_presets() == job_presets()
+    for preset in available_presets():
+        model_cfg, objective_cfg = preset_configs(preset)
+        job = resolve(preset)
+        assert (model_cfg, objective_cfg) == (job.model, job.objective), preset

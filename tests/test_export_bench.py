@@ -39,7 +39,7 @@ def test_bench_smoke_reports_positive_numbers():
 
 def test_bench_command_line():
     out = subprocess.run(
-        [sys.executable, "-m", "model.bench", "--preset", "tiny", "--seq-len", "32", "--batch", "2", "--steps", "1",
+        [sys.executable, "-m", "model.bench", "--preset", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "1",
          "--variant", "electra", "--device", "cpu"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     )

@@ -14,10 +14,10 @@ from torch import nn
 
 import model.step as step_module
 from model import bench
-from model.step import Interval, OptimizerConfig, TrainingStep, build_optimizer, param_groups, warmup_linear_decay
+from model.step import AdamW, Interval, OptimizerConfig, TrainingStep, build_optimizer, param_groups, warmup_linear_decay
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = OptimizerConfig(peak_lr=0.1, warmup_steps=2, max_steps=10, weight_decay=0.01, clip_norm=0.5)
+CFG = OptimizerConfig(peak_lr=0.1, warmup_steps=2, max_steps=10, adamw=AdamW(weight_decay=0.01), clip_norm=0.5)
 
 
 class Regression(nn.Module):
@@ -54,10 +54,10 @@ def test_an_accumulated_step_is_the_mean_gradient_clipped_then_adamw():
     lr = CFG.peak_lr * warmup_linear_decay(CFG.warmup_steps, CFG.max_steps)(0)
     for (name, p), g in zip(reference.named_parameters(), grads):
         g = g * scale
-        m, v = (1 - CFG.adam_beta1) * g, (1 - CFG.adam_beta2) * g.square()
-        m_hat, v_hat = m / (1 - CFG.adam_beta1), v / (1 - CFG.adam_beta2)
-        decay = CFG.weight_decay if p.ndim == 2 else 0.0
-        expected = p.detach() * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + CFG.adam_eps)
+        m, v = (1 - CFG.adamw.beta1) * g, (1 - CFG.adamw.beta2) * g.square()
+        m_hat, v_hat = m / (1 - CFG.adamw.beta1), v / (1 - CFG.adamw.beta2)
+        decay = CFG.adamw.weight_decay if p.ndim == 2 else 0.0
+        expected = p.detach() * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + CFG.adamw.eps)
         torch.testing.assert_close(dict(model.named_parameters())[name].detach(), expected, msg=name)
     assert torch.isclose(result.grad_norm, norm)
     assert [v["loss"].item() for v in result.values] == pytest.approx([reference(b).item() for b in data], rel=1e-6)

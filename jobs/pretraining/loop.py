@@ -24,8 +24,9 @@ from model import PretrainingObjective, build_pretraining_model
 from model.encoder import compile_encoders
 from model.objective import to_device
 from model.flops import device_peak_flops, step_flops
-from model.step import Interval, TrainingStep, build_optimizer
+from model.step import STEP_COMPILE_MODES, Interval, TrainingStep, build_optimizer, compile_step
 
+from jobs.cli import UserError
 from jobs.data.stream import pretraining_batches
 from jobs.names import STOP_TAG
 from jobs.pretraining import checkpoint
@@ -47,13 +48,31 @@ class LoopContext:
 def build_training(
     cfg: PretrainConfig, device: torch.device = torch.device("cpu")
 ) -> tuple[PretrainingObjective, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    check_step_options(cfg)
     model = build_pretraining_model(cfg.model, cfg.objective)
     if cfg.objective.freeze_aux:
         if not cfg.train.aux_checkpoint:
-            raise ValueError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
+            raise UserError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
         checkpoint.load_auxiliary(Path(cfg.train.aux_checkpoint), model.aux)
-    optimizer, scheduler = build_optimizer(model, cfg.train.optimizer(), device)
+    optimizer, scheduler = build_optimizer(model, cfg.train, device)
     return model, optimizer, scheduler
+
+
+def check_step_options(cfg: PretrainConfig) -> None:
+    """train.compile_step compiles the whole step once, which needs the same shapes every batch
+    (train.fixed_shapes); replayed as CUDA graphs, one micro-batch per optimizer step (`TrainingStep`)."""
+    mode = cfg.train.compile_step
+    if mode not in STEP_COMPILE_MODES:
+        raise UserError(f"train.compile_step must be one of {STEP_COMPILE_MODES}, not {mode!r}")
+    if mode != "off" and not cfg.train.fixed_shapes:
+        raise UserError(f"train.compile_step={mode} needs train.fixed_shapes=true: the masked-position count "
+                        "changes per batch, and each new count would compile the step again")
+    if mode == "reduce-overhead" and cfg.cluster.gpus_per_worker:
+        accumulations = {accumulation_steps(cfg, workers) for workers in cfg.cluster.worker_counts()}
+        if accumulations != {1}:
+            raise UserError("train.compile_step=reduce-overhead (CUDA graphs) takes one micro-batch per optimizer "
+                            f"step, but this run accumulates {sorted(accumulations)}: set data.batch_size to "
+                            "train.global_batch / cluster.workers, or compile_step=default")
 
 
 def resumed_seed(seed: int, rank: int, step: int) -> int:
@@ -167,7 +186,11 @@ def train_loop_per_worker(config: dict) -> None:
                 + (f" with {world_size} workers (was {state.world_size})" if state.world_size != world_size else ""))
     state.reshard(world_size)
     state.mlflow_run_id = ctx.run_id  # saved with every checkpoint: only this run may resume from them
-    if cfg.train.compile:
+    if cfg.train.compile_step != "off":  # in place, before DDP wraps the objective: checkpoints keep their keys
+        compile_step(model, cfg.train.compile_step)
+        if rank == 0:
+            say(f"torch.compile: the whole step as one graph (mode {cfg.train.compile_step}), on its first batch")
+    elif cfg.train.compile:
         compiled = compile_encoders(model)  # in place, before DDP wraps the objective: checkpoints keep their keys
         if rank == 0:
             say(f"torch.compile: {len(compiled)} Transformer layers, compiled on their first batches")
@@ -175,8 +198,11 @@ def train_loop_per_worker(config: dict) -> None:
     optimizer_to(optimizer, device)
     accumulation = accumulation_steps(cfg, world_size)
     # The same step `model.bench` times: autocast, backward per micro-batch, clipping, fused AdamW.
+    cuda_graphs = cfg.train.compile_step == "reduce-overhead" and device.type == "cuda"
     step = TrainingStep(wrapped, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
-                        accumulation=accumulation, bf16=cfg.train.bf16)
+                        accumulation=accumulation, bf16=cfg.train.bf16, cuda_graphs=cuda_graphs)
+    # Fixed shapes: the masked-position index padded to a count set by the mask rate and the block.
+    fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
     logger = Logger(ctx, cfg, rank, world_size, device)
     shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
@@ -186,7 +212,7 @@ def train_loop_per_worker(config: dict) -> None:
         # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
         batches = pretraining_batches(shard, cfg.data, state.epoch, drop_last=True, skip=state.batches_in_epoch)
         for batch in batches:
-            batch = to_device(batch, device)  # the step's host-side inputs computed before the copy
+            batch = to_device(batch, device, fixed_rate)  # the step's host-side inputs computed before the copy
             micro += 1
             last = micro % accumulation == 0
             interval.add(step.micro_batch(batch, last))
