@@ -5,10 +5,11 @@ A job declares its options as a frozen dataclass whose fields carry `option(help
 flags back into the dataclass, so `main(argv)` is `run(parse_options(PROG, __doc__, Options, argv))`
 and the tests call `run(Options(...))`.
 
-A bad argument, a missing path or a malformed file (ValueError and OSError from the checks that run
-before any compute) prints `error: <message>` on stderr and exits 1, without a traceback that buries
-it; `--debug` anywhere on the command line, or COCOLM_DEBUG=1, shows the traceback instead. Every
-other exception is a fault, not a usage error, and keeps its traceback.
+A user's mistake (a bad argument, a value out of range, a missing path, a malformed file: a `UserError`,
+raised by the checks that run before any compute) prints `error: <message>` on stderr and exits 1,
+without a traceback that buries it; `--debug` anywhere on the command line, or COCOLM_DEBUG=1, shows
+the traceback instead. Every other exception (a ValueError from a bug included) is a fault, not a
+usage error, and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,11 +20,46 @@ import os
 import sys
 import typing
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "COCOLM_DEBUG"
-USER_ERRORS = (ValueError, OSError)
+
+
+class UserError(ValueError):
+    """Something the user gave or must fix (an option, a config value, a file, a missing tool), said in
+    one line that names it. A ValueError, so library callers that catch ValueError still do."""
+
+
+class Range(typing.NamedTuple):
+    """The values a number may take: low <= value <= high, an open end excluding its bound; None: unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def check(self, key: str, value: float | int | None) -> None:
+        """UserError naming `key` and this range unless `value` is in it (None passes: the default applies)."""
+        if value is None:
+            return
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        if too_low or too_high:
+            left = "" if self.low is None else f"{self.low} {'<' if self.low_open else '<='} "
+            right = "" if self.high is None else f" {'<' if self.high_open else '<='} {self.high}"
+            raise UserError(f"{key}={value} is out of range: it must be {left}{key}{right}")
+
+
+POSITIVE = Range(0, None, low_open=True)
+AT_LEAST_ONE = Range(1)
+NON_NEGATIVE = Range(0)
+FRACTION = Range(0, 1)
+PROBABILITY = Range(0, 1, high_open=True)  # a dropout or Adam beta of 1 is degenerate
+OPEN_FRACTION = Range(0, 1, low_open=True)  # a mask rate or a sample of 0 leaves nothing
 
 
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
@@ -33,22 +69,39 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     argv = [a for a in argv if a != DEBUG_FLAG]
     try:
         main(argv)
-    except USER_ERRORS as error:
+    except UserError as error:
         if debug:
             raise
         print(f"error: {error}\n(the traceback: add {DEBUG_FLAG} or set {DEBUG_ENV}=1)", file=sys.stderr)
         raise SystemExit(1) from None
 
 
+def read_yaml(path: Path) -> Any:
+    """A YAML file that a user passes or edits (preset, variant overlay, grid), parsed before any work
+    starts; a missing file or a syntax error is a UserError naming the file and the line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read {path}: {error}") from error
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UserError(f"{where}: not valid YAML ({problem})") from error
+
+
 def option(help: str, flag: str | None = None, parse: Callable[[str], Any] | None = None,
            choices: Iterable[str] | None = None, repeat: bool = False, many: bool = False,
-           metavar: str | None = None) -> dict[str, Any]:
+           metavar: str | None = None, bounds: Range | None = None) -> dict[str, Any]:
     """Field metadata for `add_options`: the flag's help, its name when not `--<field-name>`, the argparse
     type when the field's own type cannot parse a string, its choices, whether the flag repeats
     (`--set A --set B`) and whether it takes several values (`--corpus A B`). A bool field becomes
-    `--name` / `--no-name`."""
+    `--name` / `--no-name`. A number's `bounds` are checked when the options are parsed, before any work:
+    every int and float option has them (tests/test_cli.py checks)."""
     return {"help": help, "flag": flag, "parse": parse, "choices": choices, "repeat": repeat, "many": many,
-            "metavar": metavar}
+            "metavar": metavar, "bounds": bounds}
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type, only: Iterable[str] | None = None) -> None:
@@ -86,6 +139,11 @@ def options_from(args: argparse.Namespace, cls: type, **values: Any) -> Any:
         if f.name not in values and hasattr(args, f.name):
             value = getattr(args, f.name)
             values[f.name] = tuple(value) if isinstance(value, list) else value
+        bounds = f.metadata.get("bounds")
+        if bounds is not None and f.name in values:
+            flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+            for one in values[f.name] if isinstance(values[f.name], tuple) else (values[f.name],):
+                bounds.check(flag, one)
     return cls(**values)
 
 

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobs.cli import UserError
+
 ENV = "COCOLM_INJECT_FAULTS"
 
 
@@ -33,7 +35,7 @@ def planned() -> Faults:
     try:
         return Faults(**json.loads(raw))
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{ENV}={raw!r} is not a fault plan ({error}); see jobs/faults.py") from error
+        raise UserError(f"{ENV}={raw!r} is not a fault plan ({error}); see jobs/faults.py") from error
 
 
 def fail_first_attempts(markers: Path, name: str, attempts: int) -> None:

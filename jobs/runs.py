@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from jobs.cli import UserError
 from jobs.names import (KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, SEED_STAT, STOP_TAG,
                         best_task, best_task_metric, fewshot_metric, seed_scores, split_fraction)
 
@@ -24,7 +25,7 @@ def experiment_ids(client, experiment: str | None) -> list[str]:
         found = client.get_experiment_by_name(experiment)
         if found is None:
             known = sorted(e.name for e in client.search_experiments())
-            raise ValueError(f"no MLflow experiment {experiment!r}; this store has {known}")
+            raise UserError(f"no MLflow experiment {experiment!r}; this store has {known}")
         return [found.experiment_id]
     return [e.experiment_id for e in client.search_experiments()]
 

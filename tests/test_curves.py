@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jobs.cli import UserError
 from jobs.data.corpus import shipped_corpus
 from jobs.data.pack import PackOptions, run as pack
 from jobs.data.packed import BLOCKS_FILE, META_FILE, TOKENIZER_FILE, load_blocks
@@ -65,7 +66,7 @@ def test_packing_is_the_streams_and_does_not_depend_on_rays_order(packed, corpus
 
 
 def test_missing_blocks_or_blocks_of_another_length_say_what_to_run(packed, tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"no packed blocks in {tmp_path}: .*python -m jobs.data.pack"):
+    with pytest.raises(UserError, match=f"no packed blocks in {tmp_path}: .*python -m jobs.data.pack"):
         load_blocks(tmp_path, SEQ_LEN)
     with pytest.raises(ValueError, match=f"{packed} holds blocks of {SEQ_LEN} tokens .* data.seq_len=64"):
         load_blocks(packed, 64)
@@ -150,5 +151,5 @@ def test_training_needs_neither_ray_nor_mlflow_nor_pandas():
 
 
 def test_missing_csv_to_plot_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such CSV: .*nothing.csv"):
+    with pytest.raises(UserError, match="no such CSV: .*nothing.csv"):
         run(CurvesOptions(plot=(str(tmp_path / "nothing.csv"),)))

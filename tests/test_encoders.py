@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from jobs.finetuning.encoders import encoder_from_checkpoint, resolve_encoder
 from model import Encoder
 from model.classifier import SequenceClassifier, load_encoder
-from conftest import tiny_encoder_config
+from helpers import tiny_encoder_config
 
 
 def test_load_encoder_reads_the_export_with_our_encoder(exported, tokenizer_dir):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jobs.finetuning.encoding import encode_task
-from jobs.finetuning.readers import read_glue_task
+from jobs.finetuning.tasks.glue import read_glue_task
 from test_readers import write_glue
 
 

@@ -20,9 +20,11 @@ from model.heads import CLMHead
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.prompts import (BUILT_IN, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,
                                      prompt_for, prompt_input, render, sample_demos)
-from jobs.finetuning.readers import Split, read_snli, read_user_task
+from jobs.finetuning.tasks.snli import read_snli
+from jobs.finetuning.tasks.task import Split
+from jobs.finetuning.tasks.user import read_user_task
 from jobs.names import KIND_FEWSHOT
-from conftest import tiny_encoder_config
+from helpers import tiny_encoder_config
 
 CLS, SEP, MASK, PAD = 1, 2, 4, 0
 
@@ -73,7 +75,7 @@ def test_the_built_in_prompts_are_lm_bffs_and_the_snli_one_renders_real_text(tok
 
 
 def test_a_user_task_declares_its_prompt_next_to_it(tmp_path):
-    from conftest import sentiment_file
+    from helpers import sentiment_file
 
     path = sentiment_file(tmp_path / "sentiment.jsonl")
     task = read_user_task(path)
@@ -137,7 +139,7 @@ def test_the_lm_head_is_exported_with_the_encoder_and_its_absence_is_known(tmp_p
 @pytest.mark.timeout(600)
 def test_the_command_runs_both_methods_on_ray_tune_and_reports_mean_and_std(ray_local, tmp_path, tokenizer_dir,
                                                                              monkeypatch, capfd):
-    from conftest import pretraining_run_with_encoder, sentiment_file
+    from helpers import pretraining_run_with_encoder, sentiment_file
     from jobs.finetuning.fewshot import FewShotOptions, run
 
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.finetuning.sweep import load_grid, parse_seeds
+from jobs.finetuning.grid import load_grid
+from jobs.finetuning.sweep import parse_seeds
 
 
 def test_the_paper_grid_is_table_7():

@@ -35,7 +35,7 @@ def test_model_imports_no_ray_mlflow_or_pandas_and_its_core_no_transformers():
 def test_every_module_with_gpu_tests_is_collected_by_a_gpu_run():
     """`-m gpu` collects only conftest.GPU_TEST_MODULES (a GPU machine has no Ray): a gpu test added
     elsewhere would silently never run there."""
-    from conftest import GPU_TEST_MODULES
+    from helpers import GPU_TEST_MODULES
 
     marker = "@pytest.mark." + "gpu"  # spelled apart so this file does not match itself
     with_gpu_tests = {p.name for p in (ROOT / "tests").glob("test_*.py") if marker in p.read_text()}

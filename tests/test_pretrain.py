@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -19,10 +20,12 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from jobs import faults
+from jobs.cli import UserError
+from jobs.tracking import git_commit
 
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
-from jobs.pretraining.config import available_presets, available_variants, resolve, to_yaml, with_vocab_size
+from jobs.pretraining.config import available_presets, available_variants, from_yaml, resolve, to_yaml, with_vocab_size
 from jobs.pretraining.job import check_compile_toolchain, main, run
 from jobs.pretraining.loop import build_training, resumed_seed
 from model import VARIANTS
@@ -99,24 +102,36 @@ def test_overrides_are_typed_and_have_the_last_word():
     ("objective.use_scl=maybe", "must be true or false"),
     ("train.max_steps=many", "must be a number"),
     ("train.max_steps=[5", r"--set train.max_steps: cannot read the value '\[5'"),  # was a 48-line PyYAML traceback
+    ("model.vocab_size=500", "set data.vocab_size"),  # one vocabulary size: the tokenizer's
 ])
 def test_bad_config_is_an_error_that_names_the_key(override, message):
     with pytest.raises(ValueError, match=message):
         resolve("tiny", "cocolm", [override])
 
 
-def test_the_training_step_reads_train_config_fields_with_the_same_defaults():
-    """model.step.OptimizerConfig (Ray-free, for the bench) is filled from TrainConfig by field name:
-    every one of its fields exists there with the same default, so the bench times the job's recipe."""
-    from dataclasses import fields
+def test_optimizer_keys_moved_under_adamw_are_named_and_old_checkpoints_still_load():
+    cfg = resolve("tiny", "cocolm", ["train.adamw.eps=1e-8", "train.adamw.beta2=0.99"])
+    assert (cfg.train.adamw.eps, cfg.train.adamw.beta2, cfg.train.adamw.beta1) == (1e-8, 0.99, 0.9)
+    assert cfg.flat()["train.adamw.eps"] == 1e-8  # MLflow params name the nested key in full
+    with pytest.raises(ValueError, match="train.adam_eps is now train.adamw.eps"):
+        resolve("tiny", "cocolm", ["train.adam_eps=1e-8"])
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['train.adamw.beta3'\]"):
+        resolve("tiny", "cocolm", ["train.adamw.beta3=0.5"])
+    old = to_yaml(cfg).replace("  adamw:\n", "  adamw_was:\n")  # a checkpoint's config from before the move
+    old = old.replace("adamw_was:\n    weight_decay: 0.01\n    beta1: 0.9\n    beta2: 0.99\n    eps: 1.0e-08\n",
+                      "weight_decay: 0.01\n  adam_beta1: 0.9\n  adam_beta2: 0.99\n  adam_eps: 1.0e-08\n")
+    assert "adam_eps" in old and from_yaml(old) == cfg
 
-    from jobs.pretraining.config import TrainConfig
-    from model.step import OptimizerConfig
 
-    train = TrainConfig()
-    for f in fields(OptimizerConfig):
-        assert getattr(train, f.name) == f.default, f.name
-    assert resolve("tiny").train.optimizer().peak_lr == resolve("tiny").train.peak_lr
+def test_every_numeric_config_key_has_a_range_and_every_preset_is_inside_them():
+    from jobs.pretraining.config import RANGES
+
+    for preset in available_presets():
+        flat = resolve(preset).flat()
+        numeric = {k for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert numeric <= set(RANGES), sorted(numeric - set(RANGES))  # a new numeric key needs its range
+        for key in numeric:
+            RANGES[key].check(key, flat[key])
 
 
 def test_unknown_preset_and_variant_are_named():
@@ -128,13 +143,13 @@ def test_unknown_preset_and_variant_are_named():
 
 def test_unreachable_tracking_server_fails_before_compute(home):
     cfg = resolve("tiny")
-    with pytest.raises(ConnectionError, match="127.0.0.1:9 is unreachable"):
+    with pytest.raises(UserError, match="127.0.0.1:9 is unreachable"):
         run(cfg, tracking_uri="http://127.0.0.1:9")
 
 
 def test_compiling_on_cpu_without_a_compiler_fails_before_compute(home, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-c++")
-    with pytest.raises(RuntimeError, match="'no-such-c\\+\\+' is not on PATH.*train.compile=false"):
+    with pytest.raises(UserError, match="'no-such-c\\+\\+' is not on PATH.*train.compile=false"):
         run(resolve("tiny", "cocolm", ["train.compile=true"]))
     run_on_gpus = resolve("tiny", "cocolm", ["train.compile=true", "cluster.gpus_per_worker=1"])
     check_compile_toolchain(run_on_gpus)  # not judged here: the driver is not necessarily a GPU worker
@@ -396,13 +411,18 @@ def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home, monkeypatch):
+    """Also the job's fixed-shape path (train.fixed_shapes: every batch padded to one masked count; the
+    whole-step compile is left to tests/test_fixed_shapes.py), recorded in the run's params."""
     monkeypatch.setenv(faults.ENV, json.dumps({"pretraining_step": 12}))  # rank 0 dies once at step 12
-    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5")
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fixed_shapes=true")
     result = run(cfg)
     assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
     assert (home / "ray_results" / result.run_name / "injected_failure").exists()
     client = MlflowClient(result.tracking_uri)
     assert [s for s, _ in history(client, result.run_id, "loss")][-1] == 20
+    params = client.get_run(result.run_id).data.params
+    assert (params["train.fixed_shapes"], params["train.compile_step"]) == ("True", "off")
+    assert all(math.isfinite(v) for _, v in history(client, result.run_id, "lm_loss"))
 
 
 @pytest.mark.slow
@@ -463,11 +483,11 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
                    capture_output=True)
     try:
         assert _status_without_token("http://127.0.0.1:8265/api/jobs/") == 401  # the job API wants the token
-        runtime_env = json.dumps({"env_vars": {"COCOLM_HOME": str(home)}})
+        runtime_env = home.parent / "runtime_env.yaml"  # as platform/runtime_env.yaml, with this test's home
+        runtime_env.write_text(f"env_vars:\n  COCOLM_HOME: {home}\nexcludes:\n  - .venv/\n")
         submit = _submit(
-            [ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
-             "--runtime-env-json", runtime_env, "--",
-             sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
+            [sys.executable, "-m", "jobs.submit", "--address", "http://127.0.0.1:8265", "--runtime-env", str(runtime_env),
+             "--", sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
              "--set", "train.max_steps=10", "--set", "train.checkpoint_every=10", "--set", "train.log_every=5"],
             env,
         )
@@ -488,6 +508,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     (finished,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
     assert finished.info.status == "FINISHED"
+    assert finished.data.tags["git_commit"] == git_commit(ROOT) != "unknown"  # the copy Ray ran had no .git
 
 
 @pytest.mark.slow

@@ -8,9 +8,12 @@ import sys
 
 import pytest
 
-from jobs.finetuning.readers import SNLI_DEV_PAIRS, read_glue_hub, read_glue_task, read_snli, read_user_task, subsample
 from jobs.finetuning.tasks import load_tasks
-from jobs.finetuning.specs import GLUE
+from jobs.finetuning.tasks.glue import read_glue_hub, read_glue_task
+from jobs.finetuning.tasks.snli import SNLI_DEV_PAIRS, read_snli
+from jobs.finetuning.tasks.specs import GLUE
+from jobs.finetuning.tasks.subsets import label_subset, subsample
+from jobs.finetuning.tasks.user import read_user_task
 
 
 # ----------------------------------------------------------------------------- GLUE fixtures in the real formats
@@ -210,8 +213,6 @@ def test_user_folder_with_train_dev_test(tmp_path):
 
 
 def test_label_fraction_subsets_are_nested_seeded_and_class_balanced(tmp_path):
-    from jobs.finetuning.readers import label_subset
-
     rows = [{"text": f"row {i}", "label": "a" if i % 4 else "b"} for i in range(400)]  # 300 a, 100 b
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))

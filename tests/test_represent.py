@@ -9,7 +9,7 @@ from analysis.report import build
 from jobs.names import REPRESENT_METRICS
 from jobs.studies.represent import Pairs, draw_pairs, main as represent_main, pair_cosines
 from jobs.tracking import experiment_id
-from conftest import fake_pretraining_run
+from helpers import fake_pretraining_run
 
 
 @pytest.mark.timeout(300)

@@ -1,10 +1,10 @@
-"""jobs.finetuning.specs: each task scores with the paper metric."""
+"""jobs.finetuning.tasks.specs: each task scores with the paper metric."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.finetuning.specs import GLUE, evaluate
+from jobs.finetuning.tasks.specs import GLUE, evaluate
 
 
 def test_task_scores_follow_the_paper():

@@ -18,21 +18,22 @@ import torch.nn.functional as F
 
 from model import Encoder
 from model.classifier import SpanExtractor
+from jobs.cli import UserError
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.encoding import encode_task
 from jobs.finetuning.grid import load_grid
-from jobs.finetuning.readers import read_glue_task
-from jobs.finetuning.specs import SQUAD_V2
 from jobs.finetuning.sweep import SweepOptions, run
-from jobs.finetuning.squad_data import SQUAD_URL, read_squad_file, read_squad_v2
-from jobs.finetuning.squad_features import SpanIndex, answer_tokens, best_answers, windows
-from jobs.finetuning.squad_metric import evaluate as official
 from jobs.finetuning.tasks import load_tasks
+from jobs.finetuning.tasks.glue import read_glue_task
+from jobs.finetuning.tasks.specs import SQUAD_V2
+from jobs.finetuning.tasks.squad import SQUAD_URL, read_squad_file, read_squad_v2
+from jobs.finetuning.tasks.squad_eval import evaluate as official
+from jobs.finetuning.tasks.squad_windows import SpanIndex, answer_tokens, best_answers, windows
 from jobs.finetuning import trial
 from jobs.finetuning.trial import TrialConfig, fine_tune, predict_answers, score, task_loss
 from jobs.data.tokens import load_tokenizer
 from jobs.names import best_task_metric
-from conftest import pretraining_run_with_encoder, tiny_encoder_config
+from helpers import pretraining_run_with_encoder, tiny_encoder_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "squad_v2"
 WINDOWS = {"max_length": 64, "doc_stride": 16, "max_question_length": 16}  # several windows per paragraph
@@ -79,14 +80,14 @@ def test_malformed_entries_are_skipped_and_reported_and_a_mostly_malformed_file_
     with pytest.raises(ValueError, match=r"(?s)2 of 3 rows are malformed.*contradicts.*qas\[1\]"):
         read_squad_file(squad_file(tmp_path / "bad.json", [good(0), contradiction, {"id": "x"}]))
     (tmp_path / "broken.json").write_text('{"data": [')
-    with pytest.raises(ValueError, match="broken.json: not JSON"):
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
         read_squad_file(tmp_path / "broken.json")
 
 
 def test_missing_files_say_where_to_get_them(tmp_path):
     with pytest.raises(ValueError, match="needs --data-dir.*never downloads"):
         load_tasks("squad_v2")
-    with pytest.raises(FileNotFoundError, match=f"train-v2.0.json.*{SQUAD_URL}"):
+    with pytest.raises(UserError, match=f"train-v2.0.json.*{SQUAD_URL}"):
         read_squad_v2(tmp_path)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.finetuning.squad_metric import (evaluate, exact_match, gold_answers, normalize_answer, read_dataset,
-                                          token_f1)
+from jobs.finetuning.tasks.squad import read_articles
+from jobs.finetuning.tasks.squad_eval import evaluate, exact_match, gold_answers, normalize_answer, token_f1
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_KEYS = ["exact", "f1", "total"]
@@ -130,18 +130,18 @@ def test_malformed_data_is_a_value_error():
         gold_answers([{"title": "t", "paragraphs": [{"qas": [{"question": "no id"}]}]}])
 
 
-def test_read_dataset_names_the_broken_file(tmp_path):
+def test_the_one_squad_reader_names_the_broken_file(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"data": [', encoding="utf-8")
     with pytest.raises(ValueError, match="broken.json: not valid JSON"):
-        read_dataset(broken)
+        read_articles(broken)
     no_data = tmp_path / "no_data.json"
     no_data.write_text('{"version": "v2.0"}', encoding="utf-8")
     with pytest.raises(ValueError, match='no_data.json: not a SQuAD data file'):
-        read_dataset(no_data)
+        read_articles(no_data)
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"version": "v2.0", "data": squad_data()}), encoding="utf-8")
-    assert gold_answers(read_dataset(good)) == GOLD
+    assert gold_answers(read_articles(good)) == GOLD
 
 
 # --- evaluate -----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 import ray
 import torch
 
+from jobs.cli import UserError
 from jobs.data.config import DataConfig
 from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
 from jobs.data.stream import build_stream, corrupt, pack, pretraining_batches
@@ -289,7 +290,7 @@ def test_a_corpus_with_nothing_usable_is_a_clear_error(ray_local, tmp_path):
 
 def test_a_missing_path_is_named(tmp_path):
     for missing in (tmp_path / "no-such-file.jsonl", tmp_path / "no-such-*.txt"):
-        with pytest.raises(FileNotFoundError, match=str(missing).replace("*", r"\*")):
+        with pytest.raises(UserError, match=str(missing).replace("*", r"\*")):
             read_documents([str(missing)])
 
 

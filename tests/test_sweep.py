@@ -12,7 +12,7 @@ import pytest
 from jobs import faults
 from jobs.names import seed_scores
 from jobs.finetuning.sweep import SweepOptions, run
-from conftest import pretraining_run_with_encoder, sentiment_file
+from helpers import pretraining_run_with_encoder, sentiment_file
 
 # ----------------------------------------------------------------------------- grids
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from jobs.finetuning.specs import GLUE
+from jobs.finetuning.tasks.specs import GLUE
 from jobs.finetuning.tables import trial_records
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.encoding import encode_task
-from jobs.finetuning.readers import read_user_task
+from jobs.finetuning.tasks.user import read_user_task
 from jobs.finetuning.trial import TrialConfig, fine_tune
-from conftest import WORDS, sentiment_file
+from helpers import WORDS, sentiment_file
 
 
 def test_one_trial_evaluates_every_half_epoch_and_is_seeded(tmp_path, exported):

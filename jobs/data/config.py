@@ -13,7 +13,8 @@ class DataConfig:
 
     paths: tuple[str, ...] = ()  # files, folders, globs or URIs; empty: the shipped corpus
     tokenizer_dir: str | None = None  # None: the cached tokenizer for the corpus (trained on first use)
-    vocab_size: int = 32768  # only used to train that default tokenizer; must match the model's
+    vocab_size: int = 32768  # the one vocabulary size: trains the default tokenizer; the job then sets it, and
+    #                          model.vocab_size, from the tokenizer it loads (jobs.pretraining.config.with_vocab_size)
     cased: bool = False  # likewise
     seq_len: int = 512  # block length T, [CLS] included
     mask_rate: float = 0.15

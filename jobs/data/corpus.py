@@ -60,6 +60,7 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from jobs.cli import UserError
 from jobs.data.config import DEFAULT_MAX_RECORD_CHARS, DataConfig
 
 SHIPPED_CORPUS_DIR = Path(__file__).resolve().parents[2] / "data" / "corpus"
@@ -103,7 +104,7 @@ def expand_paths(paths: Sequence[str]) -> list[str]:
         is_glob = any(c in local for c in "*?[")
         matches = sorted(glob.glob(local, recursive=True)) if is_glob else [local] * os.path.exists(local)
         if not matches:
-            raise FileNotFoundError(f"corpus path not found: {path}")
+            raise UserError(f"corpus path not found: {path}")
         for match in matches:
             files += _walk(match) if os.path.isdir(match) else [match]
     return list(dict.fromkeys(os.path.abspath(f) if not is_uri(f) else f for f in files))
@@ -347,7 +348,7 @@ def read_documents(
         else:
             ray.get(counter.report.remote(path, 0, {"unreadable_file": 1}))
     if not readable:
-        raise ValueError(f"corpus is empty: no readable file in {list(paths)}\n{skip_summary(counter).format()}")
+        raise UserError(f"corpus is empty: no readable file in {list(paths)}\n{skip_summary(counter).format()}")
     documents = ray.data.read_datasource(
         _RawBytes(readable, include_paths=True),
         num_cpus=num_cpus,
@@ -360,7 +361,7 @@ def read_documents(
         fn_kwargs={"counter": counter, "max_record_chars": max_record_chars},
     )
     if check_not_empty and not documents.take(1):
-        raise ValueError(f"corpus is empty after cleaning: {list(paths)}\n{skip_summary(counter).format()}")
+        raise UserError(f"corpus is empty after cleaning: {list(paths)}\n{skip_summary(counter).format()}")
     return documents, counter
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import Range, UserError, option, parse_options, run_main
 from jobs.data.config import DataConfig
 from jobs.data.corpus import skip_summary
 from jobs.data.packed import save_blocks
@@ -29,13 +29,13 @@ from jobs.ray_session import init_ray
 
 @dataclass(frozen=True)
 class PackOptions:
-    seq_len: int = field(metadata=option("block length T, [CLS] included (the preset's data.seq_len)"))
+    seq_len: int = field(metadata=option("block length T, [CLS] included (the preset's data.seq_len)", bounds=Range(2)))
     out: str = field(metadata=option("folder to write blocks.npy, blocks.json and tokenizer.json to"))
     corpus: tuple[str, ...] = field(default=(), metadata=option(
         "files, folders, globs or URIs (default: data/corpus)", many=True))
     tokenizer: str | None = field(default=None, metadata=option(
         "tokenizer directory (default: train or reuse the cached one for the corpus)"))
-    vocab_size: int = field(default=32768, metadata=option("for the default tokenizer only (the preset's data.vocab_size)"))
+    vocab_size: int = field(default=32768, metadata=option("for the default tokenizer only (the preset's data.vocab_size)", bounds=Range(8)))
 
 
 def pack_corpus(cfg: DataConfig, folder: Path) -> dict:
@@ -50,7 +50,7 @@ def pack_corpus(cfg: DataConfig, folder: Path) -> dict:
     if started:  # a session the caller opened stays open
         ray.shutdown()
     if not parts:
-        raise ValueError(f"the corpus {list(cfg.paths) or 'data/corpus'} gave no blocks")
+        raise UserError(f"the corpus {list(cfg.paths) or 'data/corpus'} gave no blocks")
     blocks = np.concatenate(parts)
     blocks = blocks[np.lexsort(blocks.T[::-1])]
     meta = save_blocks(blocks, tokenizer_dir, load_tokenizer(str(tokenizer_dir)).get_vocab_size(),

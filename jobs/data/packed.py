@@ -18,6 +18,8 @@ import numpy as np
 
 from model.corruption import SpecialTokens
 
+from jobs.cli import UserError
+
 BLOCKS_FILE, META_FILE, TOKENIZER_FILE = "blocks.npy", "blocks.json", "tokenizer.json"
 
 
@@ -36,10 +38,10 @@ def load_blocks(folder: Path, seq_len: int) -> tuple[np.ndarray, dict]:
     """The blocks and their description; a folder without them, or with blocks of another length, is an
     error that says how to make the right ones."""
     if not (folder / BLOCKS_FILE).is_file():
-        raise FileNotFoundError(f"no packed blocks in {folder}: pack them first with "
+        raise UserError(f"no packed blocks in {folder}: pack them first with "
                                 f"`python -m jobs.data.pack --seq-len {seq_len} --vocab-size V --out {folder}`")
     meta = json.loads((folder / META_FILE).read_text())
     if meta["seq_len"] != seq_len:
-        raise ValueError(f"{folder} holds blocks of {meta['seq_len']} tokens and this run wants data.seq_len="
+        raise UserError(f"{folder} holds blocks of {meta['seq_len']} tokens and this run wants data.seq_len="
                          f"{seq_len}: pack another folder with `python -m jobs.data.pack --seq-len {seq_len}`")
     return np.load(folder / BLOCKS_FILE), meta

@@ -44,6 +44,7 @@ import numpy as np
 import ray
 import torch
 
+from jobs.cli import UserError
 from jobs.data.config import DataConfig
 from jobs.data.corpus import corpus_paths, expand_paths, read_documents
 from jobs.data.tokens import tokenizer_from_json
@@ -61,7 +62,7 @@ def check_inputs(cfg: DataConfig) -> None:
     them, raised before Ray starts (cloud URIs are checked when Ray Data reads them)."""
     expand_paths(corpus_paths(cfg))
     if cfg.tokenizer_dir and not (Path(cfg.tokenizer_dir) / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"tokenizer directory {cfg.tokenizer_dir} holds no tokenizer.json: "
+        raise UserError(f"tokenizer directory {cfg.tokenizer_dir} holds no tokenizer.json: "
                                 f"train one with `python -m jobs.data.tokenizer --out DIR`, or leave --tokenizer out")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, POSITIVE, Range, option, parse_options, run_main
 from jobs.data.config import DataConfig
 from jobs.data.corpus import corpus_paths, read_documents, skip_summary
 from jobs.data.stream import build_stream, corrupt, corrupted
@@ -74,15 +74,15 @@ def cores_used() -> tuple[float, int]:
 
 @dataclass(frozen=True)
 class StreamBenchOptions:
-    seq_len: int = field(metadata=option("block length T"))
+    seq_len: int = field(metadata=option("block length T", bounds=Range(2)))
     corpus: tuple[str, ...] = field(default=(), metadata=option(
         "files, folders, globs or URIs (default: data/corpus)", many=True))
     tokenizer: str | None = field(default=None, metadata=option(
         "tokenizer directory (default: train or reuse the cached one)"))
-    vocab_size: int = field(default=32768, metadata=option("for the default tokenizer only"))
-    batch_size: int = field(default=64, metadata=option("blocks per corrupted batch"))
-    epochs: int = field(default=2, metadata=option("passes over the corpus"))
-    num_cpus: float | None = field(default=None, metadata=option("logical CPUs of the local Ray (default: all cores)"))
+    vocab_size: int = field(default=32768, metadata=option("for the default tokenizer only", bounds=Range(8)))
+    batch_size: int = field(default=64, metadata=option("blocks per corrupted batch", bounds=AT_LEAST_ONE))
+    epochs: int = field(default=2, metadata=option("passes over the corpus", bounds=AT_LEAST_ONE))
+    num_cpus: float | None = field(default=None, metadata=option("logical CPUs of the local Ray (default: all cores)", bounds=POSITIVE))
 
 
 def run(opts: StreamBenchOptions) -> dict[str, float]:

@@ -36,7 +36,7 @@ from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import generate_merges
 
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, OPEN_FRACTION, Range, UserError, option, parse_options, run_main
 from jobs.data.config import DEFAULT_MAX_RECORD_CHARS, DataConfig
 from jobs.data.corpus import corpus_paths, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
 from jobs.ray_session import init_ray
@@ -104,7 +104,7 @@ def _train_spm(sentences: Iterator[str], vocab_size: int, model_file: Path, case
             minloglevel=2,
         )
     except RuntimeError as error:
-        raise ValueError(f"SentencePiece training failed (vocab {vocab_size} too big for the corpus?): {error}") from error
+        raise UserError(f"SentencePiece training failed (vocab {vocab_size} too big for the corpus?): {error}") from error
 
 
 def to_fast_tokenizer(model_file: Path, cased: bool) -> PreTrainedTokenizerFast:
@@ -237,13 +237,13 @@ def resolve_tokenizer(cfg: DataConfig) -> Path:
 
 @dataclass(frozen=True)
 class TokenizerOptions:
-    vocab_size: int = field(metadata=option("pieces in the vocabulary, special tokens included"))
+    vocab_size: int = field(metadata=option("pieces in the vocabulary, special tokens included", bounds=Range(8)))
     out: str = field(metadata=option("directory to write the tokenizer to"))
     corpus: tuple[str, ...] = field(default=(), metadata=option(
         "files, folders, globs or URIs (default: data/corpus)", many=True))
     cased: bool = field(default=False, metadata=option("keep case (default: lower-case)"))
-    max_sentences: int = field(default=2_000_000, metadata=option("cap on training sentences"))
-    sample_fraction: float = field(default=1.0, metadata=option("sample this fraction of sentences first"))
+    max_sentences: int = field(default=2_000_000, metadata=option("cap on training sentences", bounds=AT_LEAST_ONE))
+    sample_fraction: float = field(default=1.0, metadata=option("sample this fraction of sentences first", bounds=OPEN_FRACTION))
     tracking_uri: str | None = field(default=None, metadata=option(
         "MLflow tracking URI: log the tokenizer as an artifact"))
 

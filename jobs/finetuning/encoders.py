@@ -1,22 +1,55 @@
-"""The encoder a sweep fine-tunes: from a pretraining run in MLflow, a checkpoint or an exported encoder.
+"""The encoder a sweep or a few-shot study fine-tunes: from a pretraining run in MLflow, a checkpoint or an
+exported encoder.
 
-Resolved on the driver; trials receive the resulting `PretrainedEncoder` (weights as a state dict).
+Resolved on the driver (`resolve_encoder`); trials receive the resulting `PretrainedEncoder` (weights as a
+state dict).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from model.classifier import lm_head_parts, load_encoder, load_lm_head
+from model import Encoder, EncoderConfig
+from model.classifier import lm_head, lm_head_parts, load_encoder, load_lm_head
 
-from jobs.finetuning.trial import PretrainedEncoder
+from jobs.cli import UserError
 from jobs.names import KIND_PRETRAINING, KIND_TAG
 from jobs.pretraining import checkpoint
 
 LATEST = "last"  # --from last: the newest finished pretraining run in the store
+
+
+@dataclass(frozen=True)
+class PretrainedEncoder:
+    """What every trial starts from. Weights travel as a state dict (Ray's object store), so trials
+    on other nodes need no shared file system; the tokenizer is used by the driver only."""
+
+    cfg: EncoderConfig
+    state: dict[str, torch.Tensor]
+    tokenizer_dir: Path
+    source: str  # what the user passed: a run id or a directory
+    pretraining_run: str = ""  # MLflow run id when known
+    preset: str = ""  # the pretraining preset when known (large++ selects the large++ learning rates)
+    variant: str = ""  # the pretraining variant when known
+    lm_head_kind: str = ""  # "clm" | "mlm" when the export kept its language-model head, else ""
+    lm_head_state: dict[str, torch.Tensor] | None = None
+
+    def build(self) -> Encoder:
+        encoder = Encoder(self.cfg)
+        encoder.load_state_dict(self.state, strict=True)
+        return encoder
+
+    def build_with_lm_head(self) -> tuple[Encoder, torch.nn.Module]:
+        """The encoder and its language-model head, tied to its token embeddings (prompt-based fine-tuning)."""
+        if self.lm_head_state is None:
+            raise UserError(f"{self.source}: no language-model head (variant {self.variant or 'unknown'} trains none)")
+        encoder = self.build()
+        return encoder, lm_head(self.lm_head_kind, encoder, self.lm_head_state)
 
 
 def latest_pretraining_run(client: MlflowClient) -> str:
@@ -27,7 +60,7 @@ def latest_pretraining_run(client: MlflowClient) -> str:
         experiments, filter_string=f"tags.{KIND_TAG} = '{KIND_PRETRAINING}' and attributes.status = 'FINISHED'",
         order_by=["attributes.end_time DESC"], max_results=1)
     if not runs:
-        raise ValueError(f"--from {LATEST}: no finished pretraining run in this MLflow store; run "
+        raise UserError(f"--from {LATEST}: no finished pretraining run in this MLflow store; run "
                          f"`python -m jobs.pretraining` first or pass a run id or directory")
     run = runs[0]
     experiment = client.get_experiment(run.info.experiment_id).name
@@ -45,7 +78,7 @@ def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) 
             return encoder_from_checkpoint(path)
         if (path / "model.safetensors").is_file():
             return _exported(path, source)
-        raise FileNotFoundError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/) "
+        raise UserError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/) "
                                 f"nor an exported encoder (config.json, model.safetensors)")
     client = MlflowClient(tracking_uri)
     if source == LATEST:
@@ -53,10 +86,10 @@ def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) 
     try:
         run = client.get_run(source)
     except MlflowException:
-        raise ValueError(f"--from {source!r} is neither a directory nor a run in the MLflow store {tracking_uri}") from None
+        raise UserError(f"--from {source!r} is neither a directory nor a run in the MLflow store {tracking_uri}") from None
     encoder_dir = Path(client.download_artifacts(source, "encoder", str(workdir)))
     if not (encoder_dir / "model.safetensors").is_file():
-        raise FileNotFoundError(f"run {source} has no exported 'encoder' artifact: did its pretraining finish?")
+        raise UserError(f"run {source} has no exported 'encoder' artifact: did its pretraining finish?")
     preset = run.data.params.get("preset") or run.data.tags.get("preset", "")
     return _exported(encoder_dir, source, pretraining_run=source, preset=preset,
                      variant=run.data.tags.get("variant", ""))
@@ -66,7 +99,7 @@ def _exported(directory: Path, source: str, pretraining_run: str = "", preset: s
               variant: str = "") -> PretrainedEncoder:
     encoder = load_encoder(directory)
     if not (directory / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
+        raise UserError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
     head = load_lm_head(directory, encoder)
     return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset, variant,
                              **_lm_head_fields(head))
@@ -86,6 +119,6 @@ def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
     directory = Path(directory)
     model, cfg = checkpoint.load_pretrained(directory)
     if not (directory / "tokenizer" / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
+        raise UserError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
     return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),
                              preset=cfg.preset, variant=cfg.variant, **_lm_head_fields(model.lm_head))

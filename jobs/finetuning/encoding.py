@@ -1,20 +1,24 @@
 """Tasks into the token sequences the model reads: `[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, and for
-SQuAD 2.0 `[CLS] question [SEP] [SEP] context window [SEP]` (jobs/finetuning/squad_features.py)."""
+SQuAD 2.0 `[CLS] question [SEP] [SEP] context window [SEP]` (jobs/finetuning/tasks/squad_windows.py); and
+those sequences back into padded batches (`batches`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from tokenizers import Tokenizer
 
+from jobs.cli import UserError
 from jobs.data.tokens import load_tokenizer
 
-from jobs.finetuning.readers import Split, Task
-from jobs.finetuning.specs import TaskSpec
-from jobs.finetuning.squad_features import SpanIndex, encode_questions
-from jobs.finetuning.squad_data import Questions
+from jobs.finetuning.tasks.specs import TaskSpec
+from jobs.finetuning.tasks.squad import Questions
+from jobs.finetuning.tasks.squad_windows import SpanIndex, encode_questions
+from jobs.finetuning.tasks.task import Split, Task
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int, doc_stri
 def special_ids(tokenizer: Tokenizer, tokenizer_dir: str | Path) -> dict[str, int]:
     special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
     if None in special.values():
-        raise ValueError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
+        raise UserError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
     return special
 
 
@@ -113,3 +117,14 @@ def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], 
     while len(a) + len(b) > budget:
         (a if len(a) >= len(b) else b).pop()
     return a, b
+
+
+def batches(split: EncodedSplit, order: np.ndarray, batch_size: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids (B, T), labels (B,) or (B, 2)) in `order`, each batch padded to its own longest example."""
+    lengths = split.lengths()
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        ids = np.full((len(rows), int(lengths[rows].max())), pad_id, dtype=np.int64)
+        for j, i in enumerate(rows):
+            ids[j, : lengths[i]] = split.ids[split.offsets[i] : split.offsets[i + 1]]
+        yield torch.from_numpy(ids), torch.from_numpy(split.labels[rows])

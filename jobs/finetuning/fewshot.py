@@ -4,6 +4,7 @@ on the same k-shot splits, on Ray Tune, tracked in MLflow (docs/method.md sectio
     python -m jobs.finetuning.fewshot --from RUN|last|DIR --tasks snli [--shots 16] [--splits 5]
         [--lrs 1e-5,2e-5,5e-5] [--steps 1000] [--batch-size 8] [--eval-every 100] [--max-length 256]
         [--methods prompt,head] [--tracking-uri URI] [--experiment fewshot] [--storage DIR]
+        [--cpus-per-trial C] [--gpus-per-trial G] [--max-failures N]
 
 Per task, `--splits` k-shot splits (LM-BFF's data seeds 13, 21, 42, 87, 100): `--shots` training and
 `--shots` dev examples per class from the training set; the test set is the task's test split, else its
@@ -12,17 +13,19 @@ Per task, `--splits` k-shot splits (LM-BFF's data seeds 13, 21, 42, 87, 100): `-
 Per method the learning rate with the best mean dev accuracy over the splits is reported: the mean and
 standard deviation over the splits of its test accuracy, as Table 4 does. A pretraining run without a
 language-model head (rtd_only, scl_rtd, electra) gets "not applicable" for prompts, with the reason.
+The trials run on Ray Tune as the sweep's do (`jobs/finetuning/tune.py`: 0.25 GPU each where the
+cluster has GPUs), through the sweep's step engine (`jobs/finetuning/engine.py`).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +37,23 @@ import torch.nn.functional as F
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from ray import tune
-from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback  # no TensorBoard (jobs.env)
 
 from model.classifier import SequenceClassifier
-from model.step import param_groups, warmup_linear_decay
+from model.step import AdamW
 
 from jobs import tracking
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, POSITIVE, Range, UserError, option, parse_options, run_main
 from jobs.data.tokens import load_tokenizer
 from jobs.env import set_hermetic_env
-from jobs.finetuning.encoders import resolve_encoder
-from jobs.finetuning.encoding import EncodedSplit, encode_split, special_ids
+from jobs.finetuning.encoders import PretrainedEncoder, resolve_encoder
+from jobs.finetuning.encoding import EncodedSplit, batches, encode_split, special_ids
+from jobs.finetuning.engine import Batch, Schedule, bf16_autocast, pick_device, train
 from jobs.finetuning.prompts import (SPLIT_SEEDS, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,
                                      prompt_for, prompt_input, sample_demos)
-from jobs.finetuning.readers import Split, Task
-from jobs.finetuning.sweep import MlflowTrials
 from jobs.finetuning.tasks import load_tasks
-from jobs.finetuning.trial import PretrainedEncoder, batches
+from jobs.finetuning.tasks.task import Split, Task
+from jobs.finetuning.tune import CPUS_PER_TRIAL, GPUS_PER_TRIAL, MAX_FAILURES, ParentRun, run_trials
 from jobs.names import FEWSHOT_EXPERIMENT, KIND_FEWSHOT, KIND_TAG, PRETRAINING_TAG, SEED_STAT, fewshot_metric
-from jobs.ray_session import init_ray
 
 METHODS = ("prompt", "head")
 EVAL_BATCH = 64
@@ -65,7 +66,7 @@ def _floats(text: str) -> tuple[float, ...]:
 def _methods(text: str) -> tuple[str, ...]:
     methods = tuple(m.strip() for m in text.split(",") if m.strip())
     if not methods or set(methods) - set(METHODS):
-        raise ValueError(f"--methods: expected a comma list of {METHODS}, got {text!r}")
+        raise UserError(f"--methods: expected a comma list of {METHODS}, got {text!r}")
     return methods
 
 
@@ -75,27 +76,26 @@ class FewShotOptions:
                                         flag="--from"))
     tasks: str = field(default="snli", metadata=option("snli | a GLUE task | comma list | a task file or folder "
                                                        "with a prompt.json"))
-    shots: int = field(default=16, metadata=option("training and dev examples per class in each split"))
-    splits: int = field(default=5, metadata=option(f"k-shot splits, data seeds {SPLIT_SEEDS} (at most 5)"))
+    shots: int = field(default=16, metadata=option("training and dev examples per class in each split", bounds=AT_LEAST_ONE))
+    splits: int = field(default=5, metadata=option(f"k-shot splits, data seeds {SPLIT_SEEDS}", bounds=Range(1, len(SPLIT_SEEDS))))
     lrs: tuple[float, ...] = field(default=(1e-5, 2e-5, 5e-5), metadata=option(
-        "learning rates (LM-BFF's grid for base-size models)", parse=_floats))
-    steps: int = field(default=1000, metadata=option("optimizer steps per trial (LM-BFF: 1000)"))
-    batch_size: int = field(default=8, metadata=option("examples per step (LM-BFF: 8)"))
-    eval_every: int = field(default=100, metadata=option("steps between dev evaluations"))
-    max_length: int = field(default=256, metadata=option("tokens of the prompt with its demonstrations"))
+        "learning rates (LM-BFF's grid for base-size models)", parse=_floats, bounds=POSITIVE))
+    steps: int = field(default=1000, metadata=option("optimizer steps per trial (LM-BFF: 1000)", bounds=AT_LEAST_ONE))
+    batch_size: int = field(default=8, metadata=option("examples per step (LM-BFF: 8)", bounds=AT_LEAST_ONE))
+    eval_every: int = field(default=100, metadata=option("steps between dev evaluations", bounds=AT_LEAST_ONE))
+    max_length: int = field(default=256, metadata=option("tokens of the prompt with its demonstrations", bounds=Range(8)))
     methods: tuple[str, ...] = field(default=METHODS, metadata=option("prompt, head, or both", parse=_methods))
     data_dir: str | None = field(default=None, metadata=option("folder with the GLUE task folders"))
     tracking_uri: str | None = field(default=None, metadata=option("MLflow tracking URI (default: $COCOLM_HOME)"))
     experiment: str = field(default=FEWSHOT_EXPERIMENT, metadata=option("MLflow experiment"))
     storage: str | None = field(default=None, metadata=option("Tune storage (default: $COCOLM_HOME/ray_results)"))
-    cpus_per_trial: float = field(default=1.0, metadata=option("logical CPUs per trial"))
-    max_failures: int = field(default=1, metadata=option("Tune retries of a failed trial"))
+    cpus_per_trial: float = field(default=1.0, metadata=CPUS_PER_TRIAL)
+    gpus_per_trial: float | None = field(default=None, metadata=GPUS_PER_TRIAL)
+    max_failures: int = field(default=1, metadata=MAX_FAILURES)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.splits <= len(SPLIT_SEEDS):
-            raise ValueError(f"--splits must be 1..{len(SPLIT_SEEDS)}, got {self.splits}")
-        if min(self.shots, self.steps, self.batch_size, self.eval_every) < 1 or not self.lrs:
-            raise ValueError("--shots, --steps, --batch-size and --eval-every must be positive, --lrs not empty")
+        if not self.lrs:
+            raise UserError("--lrs: give at least one learning rate")
 
 
 # ----------------------------------------------------------------------------- one split's data
@@ -153,9 +153,7 @@ class FewShotConfig:
     batch_size: int = 8
     eval_every: int = 100
     max_length: int = 256
-    weight_decay: float = 0.01
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-6
+    adamw: AdamW = field(default_factory=AdamW)  # (0.9, 0.98), eps 1e-6, weight decay 0.01, as the sweep's
 
 
 def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
@@ -163,43 +161,37 @@ def few_shot(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder,
     """Train `cfg.steps` steps (linear decay, no warm-up, as LM-BFF), evaluate dev every `eval_every` steps,
     score test with the best dev evaluation's weights. Seeded by the data seed."""
     started = time.perf_counter()
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = pick_device(device)
+    autocast = bf16_autocast(device)
     torch.manual_seed(data.seed)
     rng = random.Random(data.seed)
     model, inputs = _method(cfg, data, encoder)
-    model.to(device).train()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")  # as trial.py
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.adam_betas,
-                                  eps=cfg.adam_eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(0, cfg.steps))
-    n_train = len(data.head["train"])
-    best, best_state, losses, order = {"dev_accuracy": -1.0}, None, [], []
-    for step in range(1, cfg.steps + 1):
-        if len(order) < cfg.batch_size:
-            order += rng.sample(range(n_train), n_train)  # epochs of shuffled examples
-        rows, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        args, labels = inputs("train", rows, rng)
-        with autocast:
-            logits = model(*(a.to(device) for a in args)).float()  # (B, classes)
-        loss = F.cross_entropy(logits, labels.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-        if step % cfg.eval_every and step != cfg.steps:
-            continue
+    schedule = Schedule(cfg.lr, cfg.steps, 0, frozenset([*range(cfg.eval_every, cfg.steps + 1, cfg.eval_every),
+                                                         cfg.steps]))
+    best = {"dev_accuracy": -1.0}
+
+    def on_dev(model: torch.nn.Module, metrics: dict[str, float]) -> bool:
         dev = accuracy(model, inputs, "dev", len(data.head["dev"]), device, autocast)
-        metrics = {"eval": step // cfg.eval_every + (step % cfg.eval_every > 0), "step": step,
-                   "train_loss": float(np.mean(losses)), "dev.accuracy": dev}
-        losses = []
-        if dev > best["dev_accuracy"]:
-            best, best_state = {"dev_accuracy": dev, "best_step": step}, copy.deepcopy(model.state_dict())
-        if on_eval is not None:
-            on_eval({**metrics, "best.dev.accuracy": best["dev_accuracy"]})
-    model.load_state_dict(best_state)
+        improved = dev > best["dev_accuracy"]
+        if improved:
+            best.update(dev_accuracy=dev, best_step=metrics["step"])
+        metrics.update({"dev.accuracy": dev, "best.dev.accuracy": best["dev_accuracy"]})
+        return improved
+
+    train(model, _draws(inputs, len(data.head["train"]), cfg.batch_size, rng), F.cross_entropy, schedule, cfg.adamw,
+          device, autocast, on_dev, on_eval=on_eval)
     test = accuracy(model, inputs, "test", len(data.head["test"]), device, autocast)
     return {**best, "test_accuracy": test, "seconds": time.perf_counter() - started}
+
+
+def _draws(inputs, n_train: int, batch_size: int, rng: random.Random) -> Iterator[Batch]:
+    """Training batches without end: shuffled epochs of the k-shot training set, run on across epochs."""
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            order += rng.sample(range(n_train), n_train)
+        rows, order = order[:batch_size], order[batch_size:]
+        yield inputs("train", rows, rng)
 
 
 def _method(cfg: FewShotConfig, data: SplitData, encoder: PretrainedEncoder):
@@ -252,9 +244,9 @@ def trial_name(config: dict[str, Any]) -> str:
 
 def tune_trial(config: dict[str, Any], data: dict[str, ray.ObjectRef], encoder: PretrainedEncoder,
                settings: dict[str, Any]) -> None:
-    torch.set_num_threads(settings["threads"])
+    """One few-shot trial in a Tune actor; `settings` are the options every trial shares (steps, ...)."""
     t = config["trial"]
-    cfg = FewShotConfig(t["method"], t["lr"], **settings["trial"])
+    cfg = FewShotConfig(t["method"], t["lr"], **settings)
     result = few_shot(cfg, ray.get(data[f"{t['task']}/{t['split']}"]), encoder, on_eval=tune.report)
     tune.report({"done": 1, "best.dev.score": result["dev_accuracy"], "test.accuracy": result["test_accuracy"],
                  "best_step": result["best_step"], "trial_seconds": result["seconds"]})
@@ -306,7 +298,7 @@ def run(opts: FewShotOptions) -> FewShotResult:
         print(f"MLflow parent run {run_id}: {len(configs)} trials ({', '.join(methods)} x {len(opts.lrs)} learning "
               f"rates x {len(seeds)} splits x {len(tasks)} task(s))" + (f"; prompts {not_applicable}"
                                                                            if not_applicable else ""), flush=True)
-        results = _tune(opts, configs, data, encoder, tracking_uri, experiment_id, run_id, storage)
+        results = _tune(opts, configs, data, encoder, ParentRun(tracking_uri, experiment_id, run_id), storage)
         trials = pd.DataFrame([{**r.config["trial"], "dev": (r.metrics or {}).get("best.dev.score", math.nan),
                                 "test": (r.metrics or {}).get("test.accuracy", math.nan) if r.error is None
                                 else math.nan} for r in results])
@@ -317,24 +309,16 @@ def run(opts: FewShotOptions) -> FewShotResult:
     return FewShotResult(run_id, trials, table)
 
 
-def _tune(opts, configs, data, encoder, tracking_uri, experiment_id, run_id, storage):
-    init_ray()
-    refs = {key: ray.put(value) for key, value in data.items()}
-    settings = {"threads": max(1, int(opts.cpus_per_trial)), "trial": {
-        "steps": opts.steps, "batch_size": opts.batch_size, "eval_every": opts.eval_every,
-        "max_length": opts.max_length}}
-    trainable = tune.with_resources(tune.with_parameters(tune_trial, data=refs, encoder=encoder, settings=settings),
-                                    {"cpu": opts.cpus_per_trial})
-    callback = MlflowTrials(tracking_uri, experiment_id, run_id,
-                            lambda c: {**c["trial"], "pretraining_run": encoder.pretraining_run}, len(configs),
-                            name_of=trial_name)
-    tuner = tune.Tuner(trainable, param_space={"trial": tune.grid_search(configs)},
-                       tune_config=tune.TuneConfig(reuse_actors=True, trial_name_creator=lambda t: trial_name(t.config),
-                                                   trial_dirname_creator=lambda t: f"{trial_name(t.config)}-{t.trial_id}"),
-                       run_config=tune.RunConfig(name=f"fewshot-{run_id}", storage_path=storage, verbose=0,
-                                                 failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-                                                 callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()]))
-    return tuner.fit()
+def _tune(opts: FewShotOptions, configs: list[dict[str, Any]], data: dict[str, SplitData],
+          encoder: PretrainedEncoder, parent: ParentRun, storage: str):
+    settings = {"steps": opts.steps, "batch_size": opts.batch_size, "eval_every": opts.eval_every,
+                "max_length": opts.max_length}
+    return run_trials(partial(tune_trial, settings=settings), data=data, encoder=encoder, grid={"trial": configs},
+                      name_of=trial_name,
+                      params_of=lambda config: {**config["trial"], "pretraining_run": encoder.pretraining_run},
+                      cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
+                      max_failures=opts.max_failures, parent=parent, storage=storage,
+                      run_name=f"fewshot-{parent.run_id}")
 
 
 def summarize(trials: pd.DataFrame, tasks: list[str], methods: tuple[str, ...], splits: int,

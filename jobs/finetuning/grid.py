@@ -6,8 +6,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from jobs.cli import UserError, read_yaml
 from jobs.names import fraction_target
 
 GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
@@ -40,7 +40,7 @@ class Grid:
     def space(self, task: str) -> Space:
         name = self.tasks.get(task, self.tasks.get("default"))
         if name is None:
-            raise ValueError(f"grid {self.name}: no space for task {task!r} and no `default` in its tasks")
+            raise UserError(f"grid {self.name}: no space for task {task!r} and no `default` in its tasks")
         return self.spaces[name]
 
     def max_length_of(self, task: str) -> int:
@@ -57,7 +57,7 @@ class Grid:
         preset's if the grid has one for it (large++), else the grid's default ("base")."""
         known = {name for space in self.spaces.values() for name in space.lr_by_preset}
         if chosen is not None and chosen != "base" and chosen not in known:
-            raise ValueError(f"--lr-set {chosen!r}: grid {self.name} has learning-rate lists for "
+            raise UserError(f"--lr-set {chosen!r}: grid {self.name} has learning-rate lists for "
                              f"{sorted(known) or 'none'} besides 'base'")
         return chosen or (preset if preset in known else "base")
 
@@ -72,15 +72,17 @@ def load_grid(name_or_path: str) -> Grid:
     if not path.is_file():
         path = GRIDS / f"{name_or_path}.yaml"
         if not path.is_file():
-            raise ValueError(f"unknown grid {name_or_path!r}: neither a file nor one of {available_grids()}")
-    raw = yaml.safe_load(path.read_text()) or {}
+            raise UserError(f"unknown grid {name_or_path!r}: neither a file nor one of {available_grids()}")
+    raw = read_yaml(path) or {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a grid is a mapping (max_length:, spaces:, tasks:), not {raw!r:.60}")
     _check_keys(raw, {"max_length", "max_train", "max_dev", "spaces", "tasks"}, str(path))
     spaces = {}
     for name, values in (raw.get("spaces") or {}).items():
         _check_keys(values, {f.name for f in fields(Space)}, f"{path}: spaces.{name}")
         missing = [k for k in ("epochs", "lr", "batch_size", "warmup") if k not in values]
         if missing:
-            raise ValueError(f"{path}: spaces.{name} lacks {missing}")
+            raise UserError(f"{path}: spaces.{name} lacks {missing}")
         spaces[name] = Space(
             epochs=tuple(int(v) for v in values["epochs"]), lr=tuple(float(v) for v in values["lr"]),
             batch_size=tuple(int(v) for v in values["batch_size"]), warmup=tuple(float(v) for v in values["warmup"]),
@@ -90,7 +92,7 @@ def load_grid(name_or_path: str) -> Grid:
     tasks = {str(k).lower(): str(v) for k, v in (raw.get("tasks") or {}).items()}
     unknown = sorted(set(tasks.values()) - set(spaces))
     if not spaces or unknown:
-        raise ValueError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
+        raise UserError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
     return Grid(path.stem, spaces, tasks, int(raw.get("max_length", 512)), int(raw.get("max_train", 0)),
                 int(raw.get("max_dev", 0)))
 
@@ -98,7 +100,7 @@ def load_grid(name_or_path: str) -> Grid:
 def _check_keys(values: dict, known: set[str], where: str) -> None:
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        raise UserError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
 
 
 def data_key(point: dict[str, Any]) -> str:

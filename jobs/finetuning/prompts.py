@@ -29,7 +29,8 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from jobs.finetuning.readers import Split, Task
+from jobs.cli import UserError
+from jobs.finetuning.tasks.task import Split, Task
 
 MASK = "[MASK]"
 FIELDS = ("text", "text_pair")
@@ -54,10 +55,10 @@ class Prompt:
 
     def __post_init__(self) -> None:
         if self.template.count(MASK) != 1 or "{text}" not in self.template:
-            raise ValueError(f"a template needs {{text}} and exactly one {MASK}: {self.template!r}")
+            raise UserError(f"a template needs {{text}} and exactly one {MASK}: {self.template!r}")
         unknown = set(re.findall(r"{(\w+)}", self.template)) - set(FIELDS)
         if unknown:
-            raise ValueError(f"template {self.template!r}: unknown field(s) {sorted(unknown)}; use {FIELDS}")
+            raise UserError(f"template {self.template!r}: unknown field(s) {sorted(unknown)}; use {FIELDS}")
 
     @property
     def asks(self) -> bool:
@@ -75,14 +76,14 @@ def prompt_for(task: Task, path: str | Path | None = None) -> Prompt:
             raw = json.loads(found.read_text())
             return _checked(Prompt(raw["template"], {str(k): str(v) for k, v in raw["label_words"].items()}), task)
     if task.spec.name not in BUILT_IN:
-        raise ValueError(f"task {task.spec.name!r} has no prompt: write a prompt.json next to it with a template "
+        raise UserError(f"task {task.spec.name!r} has no prompt: write a prompt.json next to it with a template "
                          f"({{text}} ... [MASK] ...) and label_words (one per label of {list(task.spec.labels)})")
     return _checked(Prompt(*BUILT_IN[task.spec.name]), task)
 
 
 def _checked(prompt: Prompt, task: Task) -> Prompt:
     if set(prompt.label_words) != set(task.spec.labels):
-        raise ValueError(f"{task.spec.name}: label words for {sorted(prompt.label_words)}, but the labels are "
+        raise UserError(f"{task.spec.name}: label words for {sorted(prompt.label_words)}, but the labels are "
                          f"{sorted(task.spec.labels)}")
     return prompt
 
@@ -100,7 +101,7 @@ def few_shot_split(task: Task, shots: int, seed: int) -> tuple[list[int], list[i
         by_class.setdefault(task.train.labels[i], []).append(i)
     short = {task.spec.labels[c]: len(v) for c, v in by_class.items() if len(v) < 2 * shots}
     if short or len(by_class) < len(task.spec.labels):
-        raise ValueError(f"{task.spec.name}: {shots} training + {shots} dev examples per class need "
+        raise UserError(f"{task.spec.name}: {shots} training + {shots} dev examples per class need "
                          f"{2 * shots} of each label; the training split has {short or 'a label missing'}")
     train = sorted(i for members in by_class.values() for i in members[:shots])
     dev = sorted(i for members in by_class.values() for i in members[shots : 2 * shots])
@@ -125,7 +126,7 @@ def encode_prompts(tokenizer: Tokenizer, prompt: Prompt, task: Task, split: Spli
     """A split's prompt data, and notes (label words that are several tokens are scored by their first)."""
     special = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", MASK, "[PAD]")}
     if None in special.values():
-        raise ValueError(f"the tokenizer lacks {[t for t, i in special.items() if i is None]}")
+        raise UserError(f"the tokenizer lacks {[t for t, i in special.items() if i is None]}")
     pieces: list[str | list[int]] = []
     for part in re.split(r"({text}|{text_pair}|\[MASK\])", prompt.template):
         if part in ("{text}", "{text_pair}"):
@@ -143,11 +144,11 @@ def encode_prompts(tokenizer: Tokenizer, prompt: Prompt, task: Task, split: Spli
                          f"({tokenizer.id_to_token(ids[0])!r})")
         label_ids.append(ids[0])
     if len(set(label_ids)) < len(label_ids):
-        raise ValueError(f"label words {prompt.label_words} share a first token in this tokenizer: pick others")
+        raise UserError(f"label words {prompt.label_words} share a first token in this tokenizer: pick others")
     used = [p for p in pieces if p in FIELDS]
     texts = {"text": split.text, "text_pair": split.text_pair}
     if any(texts[f] is None for f in used):
-        raise ValueError(f"template {prompt.template!r} uses {used} but the task has no text_pair")
+        raise UserError(f"template {prompt.template!r} uses {used} but the task has no text_pair")
     strip = {f: prompt.asks and f == "text" for f in used}
     columns = [[e.ids for e in tokenizer.encode_batch([t.rstrip().rstrip(".?!") if strip[f] else t for t in texts[f]],
                                                       add_special_tokens=False)] for f in used]

@@ -8,15 +8,15 @@
 
 `--from` is a pretraining MLflow run id (its exported "encoder" artifact), an exported encoder
 directory, or a pretraining checkpoint directory. Every (grid point, seed) is one Tune trial
-(`jobs/finetuning/trial.py`); trials get 1 CPU each on a CPU cluster and 0.25 GPU (+1 CPU) each where
-there are GPUs, as many at once as the cluster holds. A failed trial is retried `--max-failures`
-times; a grid point still missing a seed after that is reported as incomplete and is never
-medianed over fewer seeds (`jobs/finetuning/medians.py`).
+(`jobs/finetuning/trial.py`, run by `jobs/finetuning/tune.py`); trials get 1 CPU each on a CPU cluster
+and 0.25 GPU (+1 CPU) each where there are GPUs, as many at once as the cluster holds. A failed trial
+is retried `--max-failures` times; a grid point still missing a seed after that is reported as
+incomplete and is never medianed over fewer seeds (`jobs/finetuning/medians.py`).
 
 MLflow: the driver creates the store, the experiment and the sweep's parent run before any trial
 starts (several processes creating one sqlite store race), and logs every trial itself as a child
-run (`mlflow.parentRunId`) from Tune callbacks, so trials on other nodes need no access to the
-store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
+run (`mlflow.parentRunId`) from Tune callbacks (`tune.MlflowTrials`), so trials on other nodes need
+no access to the store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
 MNLI-mm chosen separately), and the task table with the GLUE average, as metrics and as CSV and
 markdown artifacts; the task table is also printed. Every run is ended explicitly.
 """
@@ -24,35 +24,30 @@ markdown artifacts; the task table is also printed. Every run is ended explicitl
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
-import torch
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from ray import tune
-from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from jobs import faults, tracking
-from jobs.cli import option, parse_options
+from jobs import tracking
+from jobs.cli import NON_NEGATIVE, Range, UserError, option, parse_options
 from jobs.env import set_hermetic_env
-from jobs.finetuning.encoders import resolve_encoder
+from jobs.finetuning.encoders import PretrainedEncoder, resolve_encoder
 from jobs.finetuning.encoding import EncodedTask, encode_task
 from jobs.finetuning.grid import Grid, available_grids, data_key, load_grid, trial_name
-from jobs.finetuning.readers import Task, label_subset, subsample
-from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.tables import SweepTables, log_tables, tabulate
-from jobs.finetuning.trial import PretrainedEncoder, TrialConfig, fine_tune
-from jobs.names import (ATTEMPT_TAG, CHECKPOINT_TAG, ERROR_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, KIND_TRIAL,
-                        PRETRAINING_TAG, STUDY_TAGS, TRIAL_TAG, fraction_target, split_fraction)
-from jobs.ray_session import init_ray
+from jobs.finetuning.tasks import load_tasks
+from jobs.finetuning.tasks.subsets import label_subset, subsample
+from jobs.finetuning.tasks.task import Task
+from jobs.finetuning.trial import TrialConfig, fine_tune
+from jobs.finetuning.tune import CPUS_PER_TRIAL, GPUS_PER_TRIAL, MAX_FAILURES, ParentRun, run_trials
+from jobs.names import (CHECKPOINT_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, STUDY_TAGS,
+                        fraction_target, split_fraction)
 
 # ----------------------------------------------------------------------------- options and result
 
@@ -60,9 +55,9 @@ from jobs.ray_session import init_ray
 def check_seeds(seeds: tuple[int, ...]) -> None:
     """At least one seed, each a distinct non-negative integer: checked before Ray or MLflow start."""
     if not seeds:
-        raise ValueError("no seeds: give a count (--seeds 5) or a comma list (--seeds 0,1,2)")
+        raise UserError("no seeds: give a count (--seeds 5) or a comma list (--seeds 0,1,2)")
     if any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
+        raise UserError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
@@ -104,9 +99,9 @@ class SweepOptions:
         "folder with the downloaded task data: GLUE task folders (MNLI/train.tsv, ...) and SQuAD 2.0's "
         "train-v2.0.json and dev-v2.0.json (default: GLUE from the Hugging Face hub; SQuAD needs it)"))
     max_train: int | None = field(default=None, metadata=option(
-        "train examples per task, fixed-seed subset (0 = all; default: the grid's)"))
-    max_dev: int | None = field(default=None, metadata=option("dev examples per dev set (0 = all; default: the grid's)"))
-    max_length: int | None = field(default=None, metadata=option("tokens per example (default: the grid's)"))
+        "train examples per task, fixed-seed subset (0 = all; default: the grid's)", bounds=NON_NEGATIVE))
+    max_dev: int | None = field(default=None, metadata=option("dev examples per dev set (0 = all; default: the grid's)", bounds=NON_NEGATIVE))
+    max_length: int | None = field(default=None, metadata=option("tokens per example (default: the grid's)", bounds=Range(8)))
     label_fractions: tuple[float, ...] = field(default=(1.0,), metadata=option(
         "train on these fractions of the training labels, each a seeded class-balanced nested subset, every "
         "fraction its own target (SNLI:0.1) with its own best grid point (paper Fig. 7c/d), e.g. 0.01,0.1,0.2,1.0",
@@ -115,10 +110,9 @@ class SweepOptions:
         "a user task's kind (default: inferred from the labels)", choices=("classification", "regression")))
     lr_set: str | None = field(default=None, metadata=option(
         "learning-rate list of the grid to use, e.g. large++ (default: the pretraining preset's)"))
-    cpus_per_trial: float = field(default=1.0, metadata=option("logical CPUs per trial"))
-    gpus_per_trial: float | None = field(default=None, metadata=option(
-        "GPUs per trial (default: 0.25 on a cluster with GPUs, else 0)"))
-    max_failures: int = field(default=2, metadata=option("Tune retries of a failed trial"))
+    cpus_per_trial: float = field(default=1.0, metadata=CPUS_PER_TRIAL)
+    gpus_per_trial: float | None = field(default=None, metadata=GPUS_PER_TRIAL)
+    max_failures: int = field(default=2, metadata=MAX_FAILURES)
     experiment: str = field(default=FINETUNING_EXPERIMENT, metadata=option("MLflow experiment"))
     storage: str | None = field(default=None, metadata=option(
         "Tune storage: local dir or URI (default: $COCOLM_HOME/ray_results)"))
@@ -134,106 +128,17 @@ class SweepResult:
     tables: SweepTables  # every trial, every grid point, the best points, the task table
 
 
-# ----------------------------------------------------------------------------- the trial (a Tune function trainable)
+# ----------------------------------------------------------------------------- the trial (in a Tune actor)
 
 
-def tune_trial(config: dict[str, Any], tasks: dict[str, ray.ObjectRef], encoder: PretrainedEncoder,
-               settings: dict[str, Any]) -> None:
-    """Runs inside a Tune actor: one fine-tuning run, each half-epoch evaluation reported.
-    `tasks` maps task names to object refs of their encoded data: a trial fetches only its own task."""
-    torch.set_num_threads(settings["threads"])
-    _maybe_inject_failure(trial_name(config), settings)
+def tune_trial(config: dict[str, Any], data: dict[str, ray.ObjectRef], encoder: PretrainedEncoder) -> None:
+    """One fine-tuning run, each half-epoch evaluation reported. `data` maps data keys to object refs of
+    the encoded tasks: a trial fetches only its own."""
     point = config["point"]
     trial = TrialConfig(task=point["task"], lr=point["lr"], batch_size=point["batch_size"], epochs=point["epochs"],
                         warmup=point["warmup"], seed=config["seed"])
-    result = fine_tune(trial, ray.get(tasks[data_key(point)]), encoder, on_eval=tune.report)
+    result = fine_tune(trial, ray.get(data[data_key(point)]), encoder, on_eval=tune.report)
     tune.report({**result.history[-1], **result.flat(), "done": 1, "trial_seconds": result.seconds})
-
-
-def _maybe_inject_failure(name: str, settings: dict[str, Any]) -> None:
-    """Fault injection for tests (jobs.faults): the trial fails its first N attempts."""
-    faults.fail_first_attempts(Path(settings["marker_dir"]), name, settings["inject_failures"].get(name, 0))
-
-
-# ----------------------------------------------------------------------------- MLflow, from the driver
-
-
-class MlflowTrials(tune.Callback):
-    """Keeps one MLflow child run per trial attempt, under the sweep's parent run, and prints a line
-    per finished trial."""
-
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
-                 params_of: Callable[[dict[str, Any]], dict[str, Any]], total: int,
-                 name_of: Callable[[dict[str, Any]], str] = trial_name) -> None:
-        """`params_of(config)` gives a trial's MLflow params, `name_of(config)` its name."""
-        self.client = MlflowClient(tracking_uri)
-        self.experiment_id, self.parent_run_id, self.total = experiment_id, parent_run_id, total
-        self.params_of, self.name_of = params_of, name_of
-        self.runs: dict[str, str] = {}  # trial id -> child run of its current attempt
-        self.attempts: dict[str, int] = {}
-        self.finished = 0
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        name = self.name_of(trial.config)
-        self.attempts[trial.trial_id] = self.attempts.get(trial.trial_id, 0) + 1
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={
-            "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: name, KIND_TAG: KIND_TRIAL,
-            ATTEMPT_TAG: str(self.attempts[trial.trial_id])})
-        self.runs[trial.trial_id] = run.info.run_id
-        tracking.log_params(self.client, run.info.run_id, self.params_of(trial.config))
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        run_id = self.runs.get(trial.trial_id)
-        if run_id is None:
-            return
-        final = bool(result.get("done"))
-        now, step = int(time.time() * 1000), int(result.get("eval", 0))
-        metrics = [Metric(k, float(v), now, step) for k, v in result.items()
-                   if _is_trial_metric(k, v) and (not final or k.startswith("test.") or k == "trial_seconds")]
-        for start in range(0, len(metrics), 1000):
-            self.client.log_batch(run_id, metrics=metrics[start : start + 1000])
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.finished += 1
-        result = trial.last_result or {}
-        scores = ", ".join(f"{k.split('.')[1]} {v:.4f}" for k, v in result.items()
-                           if k.startswith("best.") and k.endswith(".score"))
-        print(f"[{self.finished}/{self.total}] {self.name_of(trial.config)}: {scores} "
-              f"({result.get('trial_seconds', 0):.0f}s)", flush=True)
-        self._end(trial, ok=True)
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        print(f"trial {self.name_of(trial.config)} failed; retrying: {_first_line(trial)}", flush=True)
-        self._end(trial, ok=False)
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self.finished += 1
-        print(f"[{self.finished}/{self.total}] {self.name_of(trial.config)} FAILED after "
-              f"{self.attempts.get(trial.trial_id, 1)} attempt(s): {_first_line(trial)}", flush=True)
-        self._end(trial, ok=False)
-
-    def _end(self, trial, ok: bool) -> None:
-        run_id = self.runs.pop(trial.trial_id, None)
-        if run_id is None:
-            return
-        if not ok:
-            self.client.set_tag(run_id, ERROR_TAG, _first_line(trial)[:5000])
-        tracking.end_run(self.client, run_id, ok)
-
-
-def _is_trial_metric(key: str, value: Any) -> bool:
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return numeric and (key.startswith(("best.", "test.")) or "." in key or key in ("train_loss", "lr", "epoch",
-                                                                                    "trial_seconds"))
-
-
-def _first_line(trial) -> str:
-    error_file = getattr(trial, "error_file", None) or ""
-    try:
-        text = Path(error_file).read_text().strip().splitlines() if error_file else []
-    except OSError:
-        text = []
-    return text[-1] if text else "unknown error"
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -264,7 +169,7 @@ def run(opts: SweepOptions) -> SweepResult:
         trials = len(plan.points) * len(opts.seeds)
         print(f"MLflow parent run {run_id} in experiment {opts.experiment!r} at {tracking_uri}: "
               f"{len(plan.points)} grid point(s) x {len(opts.seeds)} seed(s) = {trials} trials", flush=True)
-        results = _tune(opts, plan, tracking_uri, experiment_id, run_id)
+        results = _tune(opts, plan, ParentRun(tracking_uri, experiment_id, run_id))
         out = tabulate(results, plan.encoded, opts.seeds)
         log_tables(client, run_id, out)
     print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n" + tracking.ui_links(tracking_uri, experiment_id, run_id))
@@ -290,7 +195,7 @@ def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: st
     max_length = {t.spec.name: opts.max_length or grid.max_length_of(t.spec.name) for t in tasks}
     too_long = {task: n for task, n in max_length.items() if n > encoder.cfg.max_positions}
     if too_long:
-        raise ValueError(f"max length {too_long} exceeds the encoder's {encoder.cfg.max_positions} positions")
+        raise UserError(f"max length {too_long} exceeds the encoder's {encoder.cfg.max_positions} positions")
     lr_set = grid.lr_set(opts.lr_set, encoder.preset)
     points = [{**p, "label_fraction": f} for t in tasks for f in opts.label_fractions
               for p in grid.points(t.spec.name, lr_set)]
@@ -359,44 +264,17 @@ def _from_pretraining_run(client: MlflowClient, pretraining_run: str, source: st
     return {note: f"Fine-tuning sweep of pretraining run {link}.", **study}
 
 
-def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None) -> dict[str, float]:
-    """1 CPU per trial; 0.25 GPU per trial where the cluster has GPUs (four small fine-tunings share one)."""
-    if gpus_per_trial is None:
-        gpus_per_trial = 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
-
-
-def _tune(opts: SweepOptions, plan: _Plan, tracking_uri: str, experiment_id: str, parent_run_id: str):
-    init_ray()
-    storage = opts.storage or tracking.default_storage()
-    resources = trial_resources(opts.cpus_per_trial, opts.gpus_per_trial)
-    settings = {"threads": max(1, int(opts.cpus_per_trial)), "inject_failures": faults.planned().trials,
-                "marker_dir": str(Path(storage) / f"sweep-{parent_run_id}" / "injected_failures")}
-    refs = {name: ray.put(task) for name, task in plan.encoded.items()}
-    trainable = tune.with_resources(tune.with_parameters(tune_trial, tasks=refs, encoder=plan.encoder,
-                                                         settings=settings), resources)
+def _tune(opts: SweepOptions, plan: _Plan, parent: ParentRun):
     def params_of(config: dict[str, Any]) -> dict[str, Any]:
         point = config["point"]
         return {"pretraining_run": plan.pretraining_run, "max_length": plan.encoded[data_key(point)].max_length,
                 **point, "seed": config["seed"]}
 
-    callback = MlflowTrials(tracking_uri, experiment_id, parent_run_id, params_of, len(plan.points) * len(opts.seeds))
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"point": tune.grid_search(plan.points), "seed": tune.grid_search(list(opts.seeds))},
-        tune_config=tune.TuneConfig(
-            reuse_actors=True,  # a trial reseeds everything; reusing the process saves the torch import per trial
-            trial_name_creator=lambda t: trial_name(t.config),
-            trial_dirname_creator=lambda t: f"{trial_name(t.config)}-{t.trial_id}",
-        ),
-        run_config=tune.RunConfig(
-            name=f"sweep-{parent_run_id}", storage_path=storage, verbose=0,
-            failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-            callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()],  # no TensorBoard (jobs.env)
-        ),
-    )
-    print(f"trials get {resources} each", flush=True)
-    return tuner.fit()
+    return run_trials(tune_trial, data=plan.encoded, encoder=plan.encoder,
+                      grid={"point": plan.points, "seed": list(opts.seeds)}, name_of=trial_name, params_of=params_of,
+                      cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
+                      max_failures=opts.max_failures, parent=parent, storage=opts.storage or tracking.default_storage(),
+                      run_name=f"sweep-{parent.run_id}")
 
 
 # ----------------------------------------------------------------------------- command line

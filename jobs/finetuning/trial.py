@@ -7,32 +7,32 @@ evaluation is kept (per dev set: MNLI-m and MNLI-mm each keep their own best). A
 split (SNLI) is scored on it once, with the weights of the best evaluation on its first dev set.
 The same seed gives the same result: it seeds the head, dropout and the shuffling.
 
-Where the encoder comes from (`resolve_encoder`): a pretraining MLflow run id (its "encoder"
-artifact is downloaded), an exported encoder directory, or a pretraining checkpoint directory
-(model.pt + config.yaml + tokenizer/, `jobs/pretraining/checkpoint.py`).
+The loop itself is engine.py's, shared with the few-shot trial; this module brings the head, the
+loss, the batches and the scoring. The encoder comes from encoders.py (`resolve_encoder`).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import Encoder, EncoderConfig
-from model.classifier import SequenceClassifier, SpanExtractor, lm_head
-from model.step import param_groups, warmup_linear_decay
+from model import Encoder
+from model.classifier import SequenceClassifier, SpanExtractor
+from model.step import AdamW
 
-from jobs.finetuning.encoding import EncodedSplit, EncodedTask
-from jobs.finetuning.specs import SPAN_METRICS, TaskSpec, evaluate
-from jobs.finetuning.squad_features import best_answers
-from jobs.finetuning.squad_metric import evaluate as squad_evaluate
+from jobs.finetuning.encoders import PretrainedEncoder
+from jobs.finetuning.encoding import EncodedSplit, EncodedTask, batches
+from jobs.finetuning.engine import Batch, Schedule, bf16_autocast, pick_device, train
+from jobs.finetuning.tasks.specs import SPAN_METRICS, TaskSpec, evaluate
+from jobs.finetuning.tasks.squad_eval import evaluate as squad_evaluate
+from jobs.finetuning.tasks.squad_windows import best_answers
 from jobs.names import best_split_metric
 
 EVAL_BATCH = 128
@@ -46,41 +46,10 @@ class TrialConfig:
     epochs: int
     warmup: float  # fraction of the total optimizer steps spent warming up
     seed: int
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-6
+    adamw: AdamW = field(default_factory=AdamW)  # (0.9, 0.98), eps 1e-6, weight decay 0.01
     dropout: float = 0.1  # head dropout; the encoder keeps its own config's (0.1)
     evals_per_epoch: int = 2
     bf16: bool = True  # autocast on GPU; CPU runs fp32
-
-
-@dataclass(frozen=True)
-class PretrainedEncoder:
-    """What every trial starts from. Weights travel as a state dict (Ray's object store), so trials
-    on other nodes need no shared file system; the tokenizer is used by the driver only."""
-
-    cfg: EncoderConfig
-    state: dict[str, torch.Tensor]
-    tokenizer_dir: Path
-    source: str  # what the user passed: a run id or a directory
-    pretraining_run: str = ""  # MLflow run id when known
-    preset: str = ""  # the pretraining preset when known (large++ selects the large++ learning rates)
-    variant: str = ""  # the pretraining variant when known
-    lm_head_kind: str = ""  # "clm" | "mlm" when the export kept its language-model head, else ""
-    lm_head_state: dict[str, torch.Tensor] | None = None
-
-    def build(self) -> Encoder:
-        encoder = Encoder(self.cfg)
-        encoder.load_state_dict(self.state, strict=True)
-        return encoder
-
-    def build_with_lm_head(self) -> tuple[Encoder, torch.nn.Module]:
-        """The encoder and its language-model head, tied to its token embeddings (prompt-based fine-tuning)."""
-        if self.lm_head_state is None:
-            raise ValueError(f"{self.source}: no language-model head (variant {self.variant or 'unknown'} trains none)")
-        encoder = self.build()
-        return encoder, lm_head(self.lm_head_kind, encoder, self.lm_head_state)
 
 
 @dataclass
@@ -98,18 +67,7 @@ class TrialResult:
         return out
 
 
-# ----------------------------------------------------------------------------- batches
-
-
-def batches(split: EncodedSplit, order: np.ndarray, batch_size: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(input_ids (B, T), labels (B,) or (B, 2)) in `order`, each batch padded to its own longest example."""
-    lengths = split.lengths()
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        ids = np.full((len(rows), int(lengths[rows].max())), pad_id, dtype=np.int64)
-        for j, i in enumerate(rows):
-            ids[j, : lengths[i]] = split.ids[split.offsets[i] : split.offsets[i + 1]]
-        yield torch.from_numpy(ids), torch.from_numpy(split.labels[rows])
+# ----------------------------------------------------------------------------- head, loss, scores
 
 
 def build_model(spec: TaskSpec, encoder: Encoder, dropout: float) -> torch.nn.Module:
@@ -179,48 +137,34 @@ def fine_tune(
 ) -> TrialResult:
     """Train, evaluate every half epoch, keep the best; `on_eval` gets each evaluation's flat metrics."""
     started = time.perf_counter()
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = pick_device(device)
+    autocast = bf16_autocast(device, cfg.bf16)
     torch.manual_seed(cfg.seed)  # head initialisation and dropout
-    shuffle = torch.Generator().manual_seed(cfg.seed)
-    model = build_model(task.spec, encoder.build(), cfg.dropout).to(device)
-    model.train()
+    model = build_model(task.spec, encoder.build(), cfg.dropout)
     steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                                  betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(round(cfg.warmup * total), total))
-    eval_at = _eval_steps(steps_per_epoch, cfg.epochs, cfg.evals_per_epoch)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.bf16)
+    schedule = Schedule(cfg.lr, total, round(cfg.warmup * total),
+                        _eval_steps(steps_per_epoch, cfg.epochs, cfg.evals_per_epoch))
     best: dict[str, dict[str, float]] = {}
-    best_state, history, step, losses = None, [], 0, []
+
+    def on_dev(model: torch.nn.Module, metrics: dict[str, float]) -> bool:
+        metrics["epoch"] = metrics["step"] / steps_per_epoch
+        return evaluate_dev(model, task, device, autocast, metrics, best)
+
+    history = train(model, _shuffled(task, cfg), partial(task_loss, task.spec), schedule, cfg.adamw, device,
+                    autocast, on_dev, keep_best=task.test is not None,  # the weights the test split is scored with
+                    on_eval=on_eval)
+    test = score(model, task.test, task, device, autocast) if task.test is not None else None
+    return TrialResult(best, test, history, total, time.perf_counter() - started)
+
+
+def _shuffled(task: EncodedTask, cfg: TrialConfig) -> Iterator[Batch]:
+    """Every epoch's training batches in a new order from the trial's own seeded generator."""
+    shuffle = torch.Generator().manual_seed(cfg.seed)
     for _ in range(cfg.epochs):
         order = torch.randperm(len(task.train), generator=shuffle).numpy()
         for ids, labels in batches(task.train, order, cfg.batch_size, task.pad_id):
-            ids, labels = ids.to(device), labels.to(device)
-            with autocast:
-                logits = model(ids, ids != task.pad_id).float()  # (B, C), or (B, T, 2) for a span task
-            loss = task_loss(task.spec, logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            losses.append(loss.item())
-            if step not in eval_at:
-                continue
-            metrics = {"eval": len(history) + 1, "step": step, "epoch": step / steps_per_epoch,
-                       "train_loss": float(np.mean(losses)), "lr": scheduler.get_last_lr()[0]}
-            losses = []
-            if evaluate_dev(model, task, device, autocast, metrics, best) and task.test is not None:
-                best_state = copy.deepcopy(model.state_dict())  # the weights the test split is scored with
-            history.append(metrics)
-            if on_eval is not None:
-                on_eval(metrics)
-    test = None
-    if task.test is not None:
-        model.load_state_dict(best_state)
-        test = score(model, task.test, task, device, autocast)
-    return TrialResult(best, test, history, step, time.perf_counter() - started)
+            yield (ids, ids != task.pad_id), labels
 
 
 def evaluate_dev(model, task: EncodedTask, device, autocast, metrics: dict[str, float],
@@ -238,7 +182,7 @@ def evaluate_dev(model, task: EncodedTask, device, autocast, metrics: dict[str, 
     return improved
 
 
-def _eval_steps(steps_per_epoch: int, epochs: int, per_epoch: int) -> set[int]:
+def _eval_steps(steps_per_epoch: int, epochs: int, per_epoch: int) -> frozenset[int]:
     """Optimizer steps after which dev is evaluated: every 1/per_epoch of an epoch, always at each epoch's end."""
-    return {epoch * steps_per_epoch + max(1, round(k * steps_per_epoch / per_epoch))
-            for epoch in range(epochs) for k in range(1, per_epoch + 1)}
+    return frozenset(epoch * steps_per_epoch + max(1, round(k * steps_per_epoch / per_epoch))
+                     for epoch in range(epochs) for k in range(1, per_epoch + 1))

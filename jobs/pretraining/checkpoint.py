@@ -28,6 +28,7 @@ import torch
 
 from model import PretrainingObjective, build_pretraining_model
 
+from jobs.cli import UserError
 from jobs.pretraining.config import PretrainConfig, from_yaml
 
 
@@ -80,7 +81,7 @@ def check_owner(found: dict[str, str], run_id: str | None, storage: str, run_nam
         return
     where = f"{storage.rstrip('/')}/{run_name}"
     holder = ", ".join(sorted(owner or "an unknown run (no run id recorded)" for owner in foreign))
-    raise ValueError(
+    raise UserError(
         f"{where} holds checkpoints of MLflow run {holder}, and the tracking store {tracking_uri} "
         + (f"has run {run_id} under this name instead" if run_id else "has no run of this name")
         + ": resume with the tracking store that holds that run (--tracking-uri), or start fresh with "
@@ -141,7 +142,7 @@ def load_tensors(path: Path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         found = re.search(r"WeightsUnpickler error: (.*?)(?:\. Please|\n|$)", str(error))
-        raise ValueError(
+        raise UserError(
             f"{path} holds more than tensors and plain data ({found.group(1) if found else error}), so it was "
             f"not loaded and nothing in it ran. This platform never writes such a file: it was altered or "
             f"comes from elsewhere; remove that checkpoint folder (or choose another --storage or --name) "

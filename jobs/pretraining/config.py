@@ -10,17 +10,21 @@ what users copy and edit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
-from model.step import OptimizerConfig
+from model.step import AdamW, OptimizerConfig
+
+from jobs.cli import (AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, PROBABILITY, Range, UserError,
+                      read_yaml)
 
 from jobs.data.config import DataConfig
 
@@ -31,20 +35,13 @@ VARIANT_FILES = PLATFORM / "variants"
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and bookkeeping (docs/method.md section 6; defaults are the paper's base setting)."""
+class TrainConfig(OptimizerConfig):
+    """Optimisation and bookkeeping (docs/method.md section 6; defaults are the paper's base setting).
+    The optimizer's fields (peak_lr, warmup_steps, max_steps, adamw.*, clip_norm, position_bias_lr_scale)
+    are model.step.OptimizerConfig's, declared there once, so the Ray-free bench times this recipe."""
 
-    max_steps: int = 125_000
-    peak_lr: float = 5e-4
-    warmup_steps: int = 10_000
     global_batch: int = 2048  # sequences per optimizer step over all workers; gradient accumulation of
     #                           data.batch_size-sequence micro-batches makes up the rest
-    weight_decay: float = 0.01  # not on biases and LayerNorms
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-6
-    clip_norm: float = 2.0
-    position_bias_lr_scale: float = 1.0  # model.step.OptimizerConfig: the relative bias tables' lr multiple
     bf16: bool = True  # autocast on GPU; CPU runs fp32
     compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
     #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
@@ -54,10 +51,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_failures: int = 3  # worker-group restarts from the last checkpoint before the run fails
     aux_checkpoint: str = ""  # converged_aux: checkpoint dir of a finished run to take the auxiliary from
-
-    def optimizer(self) -> OptimizerConfig:
-        """The fields the shared training step (`model.step`) needs."""
-        return OptimizerConfig(**{f.name: getattr(self, f.name) for f in fields(OptimizerConfig)})
+    fixed_shapes: bool = False  # pad the masked-position index to a fixed count per batch
+    #                             (model.corruption.prediction_slots), so every step has the same shapes
+    compile_step: str = "off"  # off | default | reduce-overhead (CUDA graphs): torch.compile the whole step
+    #                            as one graph (model.step.compile_step); needs fixed_shapes, replaces `compile`
 
 
 @dataclass(frozen=True)
@@ -74,10 +71,10 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(f"cluster.placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+            raise UserError(f"cluster.placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
                              f"not {self.placement_strategy!r}")
         if not 0 <= self.min_workers <= self.workers:
-            raise ValueError(f"cluster.min_workers={self.min_workers} must be between 0 and cluster.workers={self.workers}")
+            raise UserError(f"cluster.min_workers={self.min_workers} must be between 0 and cluster.workers={self.workers}")
 
     def worker_counts(self) -> range:
         """Every world size the run may train with."""
@@ -102,7 +99,7 @@ class PretrainConfig:
         only the gradient accumulation changes, so a lost node does not change the recipe."""
         for workers in self.cluster.worker_counts():
             if self.train.global_batch % (self.data.batch_size * workers):
-                raise ValueError(f"train.global_batch={self.train.global_batch} is not a multiple of data.batch_size x "
+                raise UserError(f"train.global_batch={self.train.global_batch} is not a multiple of data.batch_size x "
                                  f"workers = {self.data.batch_size} x {workers}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,13 +109,20 @@ class PretrainConfig:
         """Dotted keys, as MLflow params and as `--set` takes them."""
         out: dict[str, Any] = {"preset": self.preset, "variant": self.variant}
         for section in SECTIONS:
-            for key, value in dataclasses.asdict(getattr(self, section)).items():
-                out[f"{section}.{key}"] = value
+            out.update(_dotted(section, dataclasses.asdict(getattr(self, section))))
         return out
 
     def digest(self) -> str:
         """Stable short hash of everything that shapes the run (names its Ray run and checkpoints)."""
         return hashlib.sha256(json.dumps(self.flat(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _dotted(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    """{"adamw": {"eps": 1e-6}} under "train" -> {"train.adamw.eps": 1e-6}: nested configs as flat keys."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out.update(_dotted(f"{prefix}.{key}", value) if isinstance(value, dict) else {f"{prefix}.{key}": value})
+    return out
 
 
 SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "data": DataConfig, "train": TrainConfig,
@@ -132,11 +136,11 @@ def available_presets() -> list[str]:
 def load_preset(name: str) -> dict[str, dict[str, Any]]:
     path = PRESETS / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown preset {name!r}: no {path}; available: {available_presets()}")
-    raw = yaml.safe_load(path.read_text()) or {}
+        raise UserError(f"unknown preset {name!r}: no {path}; available: {available_presets()}")
+    raw = _mapping(path, read_yaml(path))
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ValueError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)}")
+        raise UserError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)}")
     return {section: dict(raw.get(section) or {}) for section in SECTIONS}
 
 
@@ -151,16 +155,26 @@ def variant_overlays(name: str) -> dict[str, dict[str, Any]]:
         return {section: dict(getattr(chosen, section, {})) for section in SECTIONS}
     path = VARIANT_FILES / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown variant {name!r}; choose one of {available_variants()}")
-    raw = yaml.safe_load(path.read_text()) or {}
+        raise UserError(f"unknown variant {name!r}; choose one of {available_variants()}")
+    raw = _mapping(path, read_yaml(path))
     base = raw.pop("extends", "cocolm")
     if base not in VARIANTS:
-        raise ValueError(f"{path}: extends {base!r}, which is not a built-in variant ({sorted(VARIANTS)})")
+        raise UserError(f"{path}: extends {base!r}, which is not a built-in variant ({sorted(VARIANTS)})")
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ValueError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)} and 'extends'")
+        raise UserError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)} and 'extends'")
     inherited = variant_overlays(base)
     return {section: {**inherited[section], **(raw.get(section) or {})} for section in SECTIONS}
+
+
+def _mapping(path: Path, raw: Any) -> dict[str, Any]:
+    """A preset's or variant's top level: sections, each a mapping of keys."""
+    raw = raw or {}
+    bad = [k for k, v in raw.items() if v is not None and not isinstance(v, dict)] if isinstance(raw, dict) else None
+    if bad is None or bad and bad != ["extends"]:
+        raise UserError(f"{path}: expected sections of keys (e.g. 'train:' then indented 'max_steps: 40'), "
+                        f"found {raw!r:.80}")
+    return dict(raw)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
@@ -170,39 +184,72 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
         key, sep, value = pair.partition("=")
         section, dot, field_name = key.strip().partition(".")
         if not sep or not dot:
-            raise ValueError(f"--set {pair!r}: expected section.key=value, e.g. train.max_steps=40")
+            raise UserError(f"--set {pair!r}: expected section.key=value, e.g. train.max_steps=40")
         if section not in SECTIONS:
-            raise ValueError(f"--set {pair!r}: unknown section {section!r}; sections are {sorted(SECTIONS)}")
+            raise UserError(f"--set {pair!r}: unknown section {section!r}; sections are {sorted(SECTIONS)}")
         try:
             out[section][field_name] = yaml.safe_load(value)
         except yaml.YAMLError as error:
             problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            raise ValueError(f"--set {key.strip()}: cannot read the value {value!r} ({problem}); values are YAML, "
+            raise UserError(f"--set {key.strip()}: cannot read the value {value!r} ({problem}); values are YAML, "
                              f"e.g. {key.strip()}=40, =true, =[1, 2] or ='a string'") from None
     return out
 
 
+# Keys that moved, with where they live now: an old preset or --set gets one line naming the new key.
+RENAMED = {f"train.{old}": f"train.adamw.{new}" for old, new in
+           (("weight_decay", "weight_decay"), ("adam_beta1", "beta1"), ("adam_beta2", "beta2"), ("adam_eps", "eps"))}
+
+
 def _coerce(cls: type, section: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Check keys against the dataclass and coerce YAML scalars to the field's type (YAML reads 1e-3 as a string)."""
+    """Check keys against the dataclass and coerce YAML scalars to the field's type (YAML reads 1e-3 as a
+    string). A nested config (train.adamw) takes a mapping or dotted keys (`adamw.eps`)."""
     known = {f.name: f for f in fields(cls)}
+    values = _nest(values)
+    moved = [f"{section}.{k} is now {RENAMED[f'{section}.{k}']}" for k in values if f"{section}.{k}" in RENAMED]
+    if moved:
+        raise UserError(f"renamed config key(s): {'; '.join(moved)}")
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; "
+        raise UserError(f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; "
                          f"known {section} keys: {sorted(known)}")
     out = {}
     for key, value in values.items():
-        default = known[key].default
-        if isinstance(default, tuple) and isinstance(value, list):
+        f = known[key]
+        nested = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
+        default = f.default
+        if nested is not None:
+            if not isinstance(value, dict):
+                raise UserError(f"{section}.{key} takes keys {[g.name for g in fields(nested)]}, not {value!r}")
+            value = nested(**_coerce(nested, f"{section}.{key}", value))
+        elif isinstance(default, tuple) and isinstance(value, list):
             value = tuple(value)  # frozen configs hold tuples; YAML and JSON give lists
         elif isinstance(default, bool):
             if not isinstance(value, bool):
-                raise ValueError(f"{section}.{key} must be true or false, not {value!r}")
+                raise UserError(f"{section}.{key} must be true or false, not {value!r}")
         elif isinstance(default, (int, float)) and value is not None:
             try:
                 value = type(default)(float(value)) if isinstance(default, int) else float(value)
             except (TypeError, ValueError):
-                raise ValueError(f"{section}.{key} must be a number, not {value!r}") from None
+                raise UserError(f"{section}.{key} must be a number, not {value!r}") from None
         out[key] = value
+    return out
+
+
+def _nest(values: dict[str, Any]) -> dict[str, Any]:
+    """{"adamw.eps": 1e-6, "adamw": {"beta1": 0.9}} -> {"adamw": {"eps": 1e-6, "beta1": 0.9}}."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            inner = out.setdefault(head, {})
+            if isinstance(inner, dict):
+                inner[rest] = value
+                continue
+        if isinstance(value, dict):  # a copy: the dotted keys above must not write into a preset's mapping
+            out[key] = {**value, **out[key]} if isinstance(out.get(key), dict) else dict(value)
+        else:
+            out[key] = value
     return out
 
 
@@ -212,15 +259,71 @@ def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | No
     overlays = variant_overlays(variant_name)
     set_by_user = parse_overrides(overrides or [])
     merged = {section: {**layers[section], **overlays[section], **set_by_user[section]} for section in SECTIONS}
+    if "vocab_size" in merged["model"]:
+        raise UserError("model.vocab_size is not set by hand: the model's vocabulary is the tokenizer's; set "
+                         "data.vocab_size (the size of the tokenizer trained when data.tokenizer_dir is not given)")
     size = merged["model"].pop("size", preset)
-    model_cfg = model_size(size, **_coerce(ModelConfig, "model", merged["model"]))
-    sections = {name: cls(**_coerce(cls, name, merged[name])) for name, cls in SECTIONS.items() if name != "model"}
-    return PretrainConfig(preset=preset, variant=variant_name, model=model_cfg, **sections)
+    given = {name: _coerce(cls, name, merged[name]) for name, cls in SECTIONS.items()}
+    check_ranges(given)  # before any config's own checks divide by a count of 0
+    with _config_errors():
+        model_cfg = model_size(size, **given.pop("model"))
+        cfg = PretrainConfig(preset=preset, variant=variant_name, model=model_cfg,
+                             **{name: SECTIONS[name](**values) for name, values in given.items()})
+    return with_vocab_size(cfg, cfg.data.vocab_size)
+
+
+@contextlib.contextmanager
+def _config_errors():
+    """model/ (Ray-free, no jobs import) says what is wrong with a config as a ValueError; built from a
+    user's preset and --set, it is the user's to fix."""
+    try:
+        yield
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(str(error)) from error
+
+
+# The allowed range of every numeric key. Checked before Ray starts, so `--workers 0` or
+# `train.max_steps=-5` is one line naming the key, not a failure deep inside a worker.
+# tests/test_pretrain.py checks that every numeric key has an entry.
+RANGES: dict[str, Range] = {
+    **{f"model.{k}": AT_LEAST_ONE for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
+                                             "max_positions", "rel_pos_buckets", "rel_pos_max_distance",
+                                             "aux_layers", "aux_width_divisor")},
+    "model.dropout": PROBABILITY, "model.attention_dropout": PROBABILITY, "model.layer_norm_eps": POSITIVE,
+    "model.pad_token_id": NON_NEGATIVE,
+    **{f"objective.{k}": NON_NEGATIVE for k in ("aux_mlm_weight", "copy_weight", "lm_weight", "scl_weight")},
+    "objective.scl_temperature": POSITIVE, "objective.aux_unchanged_fraction": PROBABILITY,
+    "data.vocab_size": AT_LEAST_ONE, "data.seq_len": Range(2), "data.mask_rate": OPEN_FRACTION,
+    "data.crop_fraction": OPEN_FRACTION, "data.max_record_chars": AT_LEAST_ONE, "data.seed": NON_NEGATIVE,
+    "data.pack_batch_docs": AT_LEAST_ONE, "data.batch_size": AT_LEAST_ONE, "data.shuffle_buffer": NON_NEGATIVE,
+    "data.data_cpus": POSITIVE, "data.block_bytes": AT_LEAST_ONE,
+    "train.peak_lr": POSITIVE, "train.warmup_steps": NON_NEGATIVE, "train.max_steps": AT_LEAST_ONE,
+    "train.adamw.weight_decay": NON_NEGATIVE, "train.adamw.beta1": PROBABILITY, "train.adamw.beta2": PROBABILITY,
+    "train.adamw.eps": POSITIVE, "train.clip_norm": POSITIVE, "train.position_bias_lr_scale": POSITIVE,
+    "train.global_batch": AT_LEAST_ONE, "train.seed": NON_NEGATIVE, "train.log_every": AT_LEAST_ONE,
+    "train.checkpoint_every": AT_LEAST_ONE, "train.keep_checkpoints": AT_LEAST_ONE,
+    "train.max_failures": NON_NEGATIVE,
+    "cluster.workers": AT_LEAST_ONE, "cluster.min_workers": NON_NEGATIVE, "cluster.gpus_per_worker": NON_NEGATIVE,
+    "cluster.cpus_per_worker": POSITIVE,
+}
+
+
+def check_ranges(sections: dict[str, dict[str, Any]]) -> None:
+    """UserError for the first numeric key outside its range (RANGES), of the keys given per section."""
+    for section, values in sections.items():
+        plain = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
+        for key, value in _dotted(section, plain).items():
+            if key in RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
+                RANGES[key].check(key, value)
 
 
 def with_vocab_size(cfg: PretrainConfig, vocab_size: int) -> PretrainConfig:
-    """The tokenizer decides the vocabulary: the model's embedding table follows it."""
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
+    """One vocabulary size: the tokenizer's. The model's embedding table follows it, and data.vocab_size
+    says it too, so a run's params never name two sizes."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size),
+                               data=dataclasses.replace(cfg.data, vocab_size=vocab_size))
 
 
 def to_yaml(cfg: PretrainConfig) -> str:
@@ -233,6 +336,14 @@ def from_yaml(text: str) -> PretrainConfig:
     raw = yaml.safe_load(text)
     unknown = sorted(set(raw) - {"preset", "variant", *SECTIONS})
     if unknown:
-        raise ValueError(f"unknown config section(s) {unknown}; known: preset, variant, {', '.join(SECTIONS)}")
-    sections = {name: cls(**_coerce(cls, name, raw.get(name) or {})) for name, cls in SECTIONS.items()}
+        raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, {', '.join(SECTIONS)}")
+    sections = {name: cls(**_coerce(cls, name, _migrated(name, raw.get(name) or {}))) for name, cls in SECTIONS.items()}
     return PretrainConfig(preset=raw["preset"], variant=raw["variant"], **sections)
+
+
+def _migrated(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint written before a key moved (RENAMED) still loads: its keys go where they live now."""
+    out = {}
+    for key, value in values.items():
+        out[RENAMED.get(f"{section}.{key}", f"{section}.{key}").split(".", 1)[1]] = value
+    return out

@@ -30,12 +30,12 @@ from jobs.data.corpus import skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
-from jobs.cli import option, parse_options
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import PretrainConfig, available_presets, resolve, to_yaml, with_vocab_size
-from jobs.pretraining.loop import LoopContext, train_loop_per_worker
+from jobs.pretraining.loop import LoopContext, check_step_options, train_loop_per_worker
 from jobs.ray_session import init_ray
 
 
@@ -55,7 +55,9 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     set_hermetic_env()
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
+    check_step_options(cfg)
     check_compile_toolchain(cfg)
+    check_aux_checkpoint(cfg)
 
     check_inputs(cfg.data)  # before Ray starts
     storage = storage or tracking.default_storage()
@@ -93,9 +95,26 @@ def check_compile_toolchain(cfg: PretrainConfig) -> None:
     deep inside its first step, so say so before anything starts. Checked on this machine, which is
     the workers' machine on a local Ray; GPU workers (Triton) are not judged from the driver."""
     compiler = os.environ.get("CXX", "g++")  # what inductor looks for on Linux
-    if cfg.train.compile and not cfg.cluster.gpus_per_worker and shutil.which(compiler) is None:
-        raise RuntimeError(f"train.compile=true on CPU workers needs a C++ compiler for torch.compile, and "
-                           f"{compiler!r} is not on PATH: install g++ (or set CXX), or --set train.compile=false")
+    if cfg.cluster.gpus_per_worker or shutil.which(compiler) is not None:
+        return
+    if cfg.train.compile:
+        raise UserError(f"train.compile=true on CPU workers needs a C++ compiler for torch.compile, and "
+                        f"{compiler!r} is not on PATH: install g++ (or set CXX), or --set train.compile=false")
+    if cfg.train.compile_step != "off":
+        raise UserError(f"train.compile_step={cfg.train.compile_step} on CPU workers needs a C++ compiler for "
+                        f"torch.compile, and {compiler!r} is not on PATH: install g++ (or set CXX), or "
+                        "--set train.compile_step=off")
+
+
+def check_aux_checkpoint(cfg: PretrainConfig) -> None:
+    """converged_aux loads its auxiliary from a finished run: say which before Ray starts, not in a worker."""
+    if not cfg.objective.freeze_aux:
+        return
+    if not cfg.train.aux_checkpoint:
+        raise UserError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
+    if not (Path(cfg.train.aux_checkpoint) / "model.pt").is_file():
+        raise UserError(f"train.aux_checkpoint={cfg.train.aux_checkpoint} holds no model.pt: give the checkpoint "
+                        f"directory of a finished run (its MLflow tag {CHECKPOINT_TAG})")
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:
@@ -176,8 +195,8 @@ class PretrainOptions:
         "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
     storage: str | None = field(default=None, metadata=option(
         "checkpoint storage: local dir or s3:// gs:// URI (default: $COCOLM_HOME/ray_results)"))
-    workers: int | None = field(default=None, metadata=option("Ray Train workers (sets cluster.workers)"))
-    gpus_per_worker: float | None = field(default=None, metadata=option("sets cluster.gpus_per_worker"))
+    workers: int | None = field(default=None, metadata=option("Ray Train workers (sets cluster.workers)", bounds=AT_LEAST_ONE))
+    gpus_per_worker: float | None = field(default=None, metadata=option("sets cluster.gpus_per_worker", bounds=NON_NEGATIVE))
     name: str | None = field(default=None, metadata=option(
         "run name (default: preset-variant-<config hash>); the same name resumes"))
     experiment: str = field(default=PRETRAINING_EXPERIMENT, metadata=option("MLflow experiment"))

@@ -33,9 +33,10 @@ from jobs import tracking
 
 from jobs.pretraining import job as pretrain
 
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import NON_NEGATIVE, option, parse_options, run_main
 from jobs.env import set_hermetic_env
-from jobs.finetuning.sweep import SweepOptions, load_grid
+from jobs.finetuning.grid import load_grid
+from jobs.finetuning.sweep import SweepOptions
 from jobs.finetuning.sweep import run as run_sweep
 from jobs.names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, REPRESENT_METRICS
 from jobs.pretraining.config import resolve
@@ -72,7 +73,7 @@ class AblationOptions:
     max_train: int | None = _like_sweep("max_train")
     max_dev: int | None = _like_sweep("max_dev")
     represent_pairs: int = field(default=500, metadata=option(
-        "random and similar pairs for the [CLS] cosine analysis of each run (jobs.studies.represent); 0 skips it"))
+        "random and similar pairs for the [CLS] cosine analysis of each run (jobs.studies.represent); 0 skips it", bounds=NON_NEGATIVE))
     tracking_uri: str | None = _like_sweep("tracking_uri")
     storage: str | None = field(default=None, metadata=option(
         "checkpoint storage (default: $COCOLM_HOME/ray_results)"))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import UserError, option, parse_options, run_main
 from jobs.data.packed import load_blocks
 from jobs.pretraining.config import PretrainConfig, resolve, with_vocab_size
 from jobs.studies.figures import pyplot, save
@@ -113,7 +113,7 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
     if cfg.train.compile:
         compile_encoders(model)
-    optimizer, scheduler = build_optimizer(model, cfg.train.optimizer(), device)
+    optimizer, scheduler = build_optimizer(model, cfg.train, device)
     accumulation = cfg.train.global_batch // cfg.data.batch_size
     step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
                         accumulation=accumulation, bf16=cfg.train.bf16)
@@ -255,7 +255,7 @@ def run(opts: CurvesOptions) -> list[dict]:
     if opts.plot:
         missing = [p for p in opts.plot if not Path(p).is_file()]
         if missing:
-            raise FileNotFoundError(f"no such CSV: {', '.join(missing)}")
+            raise UserError(f"no such CSV: {', '.join(missing)}")
         print(plot([Path(p) for p in opts.plot], Path(opts.out or "curves.png")))
         return []
     cfg = resolve(opts.preset, opts.variant, list(opts.overrides))  # checks global_batch against batch_size

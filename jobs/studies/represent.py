@@ -1,6 +1,6 @@
 """Representation analysis (paper Fig. 1/5): cosine similarity of [CLS] vectors, random vs similar pairs.
 
-    python -m jobs.studies.represent --from RUN_ID[,RUN_ID...] | --experiment NAME
+    python -m jobs.studies.represent --from RUN_ID[,RUN_ID...] | --from-experiment NAME
         [--pairs 500] [--max-length 64] [--tracking-uri URI] [--out DIR]
 
 For each pretraining run: its exported encoder (artifact `encoder/`, with the tokenizer) embeds
@@ -10,7 +10,7 @@ shipped SNLI train split), each text alone as `[CLS] text [SEP]`; the [CLS] vect
 layer is the sentence's representation. The pairs are drawn with a fixed seed, so every run sees
 the same pairs. Logged on the pretraining run itself: metrics represent/random_cosine_mean,
 represent/similar_cosine_mean, represent/cosine_gap (similar - random), the per-pair cosines
-`represent/cosines.csv` and its histogram `represent/fig1_cls_cosine.png`. With --experiment every
+`represent/cosines.csv` and its histogram `represent/fig1_cls_cosine.png`. With --from-experiment every
 pretraining run of that experiment is analysed (the newest per variant); --out writes one figure
 with the variants side by side (`analysis.report` draws the same figure from the logged files).
 
@@ -35,14 +35,14 @@ from model import Encoder
 from model.classifier import load_encoder
 
 from jobs import tracking
-from jobs.cli import option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, Range, UserError, option, parse_options, run_main
 from jobs.data.corpus import parse_file, shipped_corpus
 from jobs.data.tokens import load_tokenizer
 from jobs.env import set_hermetic_env
-from jobs.finetuning.encoding import encode_split, special_ids
-from jobs.finetuning.readers import Split, read_snli
-from jobs.finetuning.specs import SNLI
-from jobs.finetuning.trial import batches
+from jobs.finetuning.encoding import batches, encode_split, special_ids
+from jobs.finetuning.tasks.snli import read_snli
+from jobs.finetuning.tasks.specs import SNLI
+from jobs.finetuning.tasks.task import Split
 from jobs.names import REPRESENT_ARTIFACT, REPRESENT_METRICS
 from jobs.runs import experiment_ids, latest_per_variant, pretraining_runs
 from jobs.studies.figures import representation_figure
@@ -142,16 +142,17 @@ class RepresentOptions:
     runs: tuple[str, ...] = field(default=(), metadata=option(
         "pretraining MLflow run id(s), comma separated", flag="--from", parse=_run_list))
     experiment: str | None = field(default=None, metadata=option(
-        "every variant's newest finished pretraining run of this experiment"))
-    pairs: int = field(default=500, metadata=option("random pairs and similar pairs, each"))
-    max_length: int = field(default=MAX_LENGTH, metadata=option("tokens per text, [CLS] and [SEP] included"))
+        "the runs to analyse: every variant's newest finished pretraining run of this MLflow experiment",
+        flag="--from-experiment"))
+    pairs: int = field(default=500, metadata=option("random pairs and similar pairs, each", bounds=AT_LEAST_ONE))
+    max_length: int = field(default=MAX_LENGTH, metadata=option("tokens per text, [CLS] and [SEP] included", bounds=Range(3)))
     tracking_uri: str | None = field(default=None, metadata=option(
         "MLflow tracking URI (default: sqlite store under $COCOLM_HOME)"))
     out: str | None = field(default=None, metadata=option("also write the side-by-side figure here"))
 
     def __post_init__(self) -> None:
         if bool(self.runs) == bool(self.experiment):
-            raise ValueError("give the runs to analyse: --from RUN_ID[,RUN_ID...] or --experiment NAME (one of them)")
+            raise UserError("give the runs to analyse: --from RUN_ID[,RUN_ID...] or --from-experiment NAME (one of them)")
 
 
 def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
@@ -164,7 +165,7 @@ def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
         runs = latest_per_variant(pretraining_runs(client, experiment_ids(client, opts.experiment)))
         run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
         if not run_ids:
-            raise ValueError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
+            raise UserError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
     chosen = draw_pairs(opts.pairs)
     results = dict(analyse_run(client, run_id, chosen, opts.max_length) for run_id in run_ids)
     if opts.out:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jobs.finetuning.metrics import METRICS
+from jobs.cli import UserError
+from jobs.finetuning.tasks.metrics import METRICS
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,13 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ("classification", "regression", "span"):
-            raise ValueError(f"task {self.name}: kind must be classification, regression or span, not {self.kind!r}")
+            raise UserError(f"task {self.name}: kind must be classification, regression or span, not {self.kind!r}")
         known = SPAN_METRICS if self.kind == "span" else METRICS
         if self.score not in self.metrics or not set(self.metrics) <= set(known):
-            raise ValueError(f"task {self.name}: metrics {self.metrics} must be among {sorted(known)} "
+            raise UserError(f"task {self.name}: metrics {self.metrics} must be among {sorted(known)} "
                              f"and include the score {self.score!r}")
         if self.kind == "classification" and len(self.labels) < 2:
-            raise ValueError(f"task {self.name}: classification needs at least two labels, got {self.labels}")
+            raise UserError(f"task {self.name}: classification needs at least two labels, got {self.labels}")
 
     @property
     def num_outputs(self) -> int:
@@ -41,7 +42,7 @@ class TaskSpec:
 
 
 # A span task's metrics: our names (fractions, as every score here) for the keys of the official
-# SQuAD 2.0 evaluation (percentages; jobs/finetuning/squad_metric.py). `best_*` are at the no-answer
+# SQuAD 2.0 evaluation (percentages; squad_eval.py). `best_*` are at the no-answer
 # threshold that is best on the evaluated set itself, so they are tabled, never the score.
 SPAN_METRICS = {"f1": "f1", "exact": "exact", "has_ans_f1": "HasAns_f1", "has_ans_exact": "HasAns_exact",
                 "no_ans_f1": "NoAns_f1", "no_ans_exact": "NoAns_exact", "best_f1": "best_f1",

@@ -1,6 +1,9 @@
 """SQuAD 2.0 (docs/method.md section 7.6): the official JSON files read into questions.
 
     read_squad_v2(data_dir) -> Task   # <data_dir>/train-v2.0.json and <data_dir>/dev-v2.0.json
+    read_articles(path) -> list       # the one reader of a file, for training and for the official evaluation
+
+Questions become model windows in squad_windows.py; the official evaluation is squad_eval.py.
 
 The files are the official ones (`{"version": "v2.0", "data": [article, ...]}`, an article has a
 `title` and `paragraphs`, a paragraph a `context` and `qas`, a question an `id`, `question`,
@@ -24,8 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.finetuning.readers import SkippedRow, Task, check_malformed_fraction
-from jobs.finetuning.specs import SQUAD_V2
+from jobs.cli import UserError
+from jobs.finetuning.tasks.specs import SQUAD_V2
+from jobs.finetuning.tasks.task import SkippedRow, Task, check_malformed_fraction
 
 SQUAD_FILES = {"train": "train-v2.0.json", "dev": "dev-v2.0.json"}
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/"
@@ -50,7 +54,7 @@ class Question:
 
 @dataclass(frozen=True)
 class Questions:
-    """A SQuAD split: `len` and `take` as `readers.Split` has them, so subsets work the same way."""
+    """A SQuAD split: `len` and `take` as `task.Split` has them, so subsets work the same way."""
 
     items: list[Question]
     source: str
@@ -65,13 +69,13 @@ class Questions:
 def read_squad_v2(data_dir: str | Path | None) -> Task:
     """Train and dev of SQuAD 2.0 from `data_dir`; a clear error when the files are not there."""
     if data_dir is None:
-        raise ValueError(f"SQuAD 2.0 needs --data-dir: the platform never downloads it. Get "
+        raise UserError(f"SQuAD 2.0 needs --data-dir: the platform never downloads it. Get "
                          f"{SQUAD_FILES['train']} and {SQUAD_FILES['dev']} from {SQUAD_URL} into one folder "
                          f"and pass it as --data-dir (see the README)")
     paths = {split: Path(data_dir) / name for split, name in SQUAD_FILES.items()}
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"SQuAD 2.0 file(s) {missing} not found: download them from {SQUAD_URL} "
+        raise UserError(f"SQuAD 2.0 file(s) {missing} not found: download them from {SQUAD_URL} "
                                 f"into --data-dir")
     train, skipped = read_squad_file(paths["train"])
     dev, more = read_squad_file(paths["dev"])
@@ -80,25 +84,31 @@ def read_squad_v2(data_dir: str | Path | None) -> Task:
 
 def read_squad_file(path: str | Path) -> tuple[Questions, list[SkippedRow]]:
     """Every well-formed question of one official file, and the skipped entries."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not JSON ({error}): is it an official SQuAD 2.0 file?") from None
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise ValueError(f"{path}: no `data` list of articles: is it an official SQuAD 2.0 file?")
     items, skipped = [], []
-    for where, entry in _entries(data["data"]):
+    for where, entry in _entries(read_articles(path)):
         if isinstance(entry, str):
             skipped.append(SkippedRow(str(path), where, entry))
         else:
             items.append(entry)
     if not items:
-        raise ValueError(f"{path}: no usable questions ({len(skipped)} malformed)")
+        raise UserError(f"{path}: no usable questions ({len(skipped)} malformed)")
     check_malformed_fraction(str(path), SQUAD_V2, skipped, len(items) + len(skipped))
     return Questions(items, str(path)), skipped
+
+
+def read_articles(path: str | Path) -> list:
+    """The `data` list (the articles) of an official SQuAD JSON file `{"version": ..., "data": [...]}`;
+    a file that cannot be read or is not one is a UserError naming it."""
+    try:
+        document = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not valid JSON ({error})") from error
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
+        raise UserError(f'{path}: not a SQuAD data file (expected an object with a "data" list of articles)')
+    return data
 
 
 def _entries(articles: list) -> Iterator[tuple[str, Question | str]]:

@@ -1,4 +1,5 @@
-"""SQuAD 2.0 scores, computed as the official evaluation script of the SQuAD 2.0 benchmark does.
+"""SQuAD 2.0 scores, computed as the official evaluation script of the SQuAD 2.0 benchmark does, and that
+evaluation as a command (`python -m jobs.evaluate_squad_v2`, `main` below).
 
 Every question gets two scores against its gold answers, each the maximum over the gold answers:
 
@@ -34,13 +35,18 @@ as unanswerable. Only such degenerate gold answers show the difference.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import string
 import sys
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from jobs.cli import UserError
+from jobs.finetuning.tasks.squad import read_articles
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -80,19 +86,6 @@ def token_f1(gold: str, pred: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def read_dataset(path: str | Path) -> list[dict]:
-    """The `data` list (the articles) of an official SQuAD JSON file `{"version": ..., "data": [...]}`."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from error
-    data = document.get("data") if isinstance(document, dict) else None
-    if not isinstance(data, list):
-        raise ValueError(f'{path}: not a SQuAD data file (expected an object with a "data" list of articles)')
-    return data
-
-
 def gold_answers(dataset: list[dict]) -> dict[str, list[str]]:
     """Question id -> its gold answer texts, in the order of the data, from the `data` list of an
     official file (articles -> paragraphs -> qas -> answers). Texts that normalize to nothing are
@@ -102,12 +95,17 @@ def gold_answers(dataset: list[dict]) -> dict[str, list[str]]:
         for article in dataset:
             for paragraph in article["paragraphs"]:
                 for qa in paragraph["qas"]:
-                    texts = [a["text"] for a in qa["answers"] if normalize_answer(a["text"])]
-                    gold[qa["id"]] = texts or list(NO_ANSWER)
+                    gold[qa["id"]] = gold_texts(a["text"] for a in qa["answers"])
     except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"malformed SQuAD data: expected articles -> paragraphs -> qas (id, answers -> text); "
+        raise UserError(f"malformed SQuAD data: expected articles -> paragraphs -> qas (id, answers -> text); "
                          f"{type(error).__name__}: {error}") from error
     return gold
+
+
+def gold_texts(texts: Iterable[str]) -> list[str]:
+    """The official rule for one question: its answer texts that normalize to something, `[""]` when
+    none does. Training's windows (squad_windows.py) keep their gold by the same rule."""
+    return [text for text in texts if normalize_answer(text)] or list(NO_ANSWER)
 
 
 def evaluate(gold: dict[str, list[str]], predictions: dict[str, str], na_probs: dict[str, float] | None = None,
@@ -119,7 +117,7 @@ def evaluate(gold: dict[str, list[str]], predictions: dict[str, str], na_probs: 
     scored = [qid for qid in gold if qid in predictions]
     _warn_missing([qid for qid in gold if qid not in predictions])
     if not scored:
-        raise ValueError("no question of the gold data has a prediction")
+        raise UserError("no question of the gold data has a prediction")
     has_answer = {qid: gold[qid] != NO_ANSWER for qid in scored}
     exact_raw = {qid: max(exact_match(g, predictions[qid]) for g in gold[qid]) for qid in scored}
     f1_raw = {qid: max(token_f1(g, predictions[qid]) for g in gold[qid]) for qid in scored}
@@ -156,7 +154,7 @@ def _probs_for(scored: list[str], na_probs: dict[str, float]) -> dict[str, float
     absent = [qid for qid in scored if qid not in na_probs]
     if absent:
         listed = ", ".join(absent[:_LISTED_MISSING]) + (", ..." if len(absent) > _LISTED_MISSING else "")
-        raise ValueError(f"{len(absent)} question(s) have a prediction but no no-answer probability: {listed}")
+        raise UserError(f"{len(absent)} question(s) have a prediction but no no-answer probability: {listed}")
     return {qid: na_probs[qid] for qid in scored}
 
 
@@ -197,3 +195,62 @@ def _best_threshold(predictions: dict[str, str], scores: dict[str, float], na_pr
         if current > best:
             best, best_thresh = current, na_probs[qid]
     return 100.0 * best / len(scores), best_thresh
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+PROG = "python -m jobs.evaluate_squad_v2"
+COMMAND = """Score SQuAD 2.0 predictions as the official evaluation script does.
+
+    python -m jobs.evaluate_squad_v2 DATA.json PREDICTIONS.json [--na-prob-file NA_PROBS.json]
+        [--na-prob-thresh 1.0] [--out-file eval.json]
+
+DATA.json is an official SQuAD 2.0 file; PREDICTIONS.json maps each question id to the predicted answer
+text ("" to abstain); NA_PROBS.json maps each question id to the model's no-answer probability, which
+adds the best_exact / best_f1 keys and lets --na-prob-thresh turn confident abstentions into empty
+answers. Prints the result as JSON with the official script's keys and, with --out-file, writes it there
+too. A missing or malformed file is one line on stderr and exit status 1 (`jobs.cli.run_main`).
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=COMMAND, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data_file", type=Path, help="the official SQuAD 2.0 JSON file (version, data)")
+    parser.add_argument("pred_file", type=Path, help="JSON object: question id -> predicted answer text")
+    parser.add_argument("--na-prob-file", type=Path, default=None, help="JSON object: question id -> no-answer probability")
+    parser.add_argument("--na-prob-thresh", type=float, default=1.0,
+                        help="abstain (predict the empty answer) where the no-answer probability exceeds this "
+                             "(default 1.0: never)")
+    parser.add_argument("--out-file", type=Path, default=None, help="also write the result (JSON) to this file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    gold = gold_answers(read_articles(args.data_file))
+    predictions = read_mapping(args.pred_file, str, "answer text")
+    na_probs = None if args.na_prob_file is None else read_mapping(args.na_prob_file, (int, float), "number")
+    result = evaluate(gold, predictions, na_probs, args.na_prob_thresh)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out_file is not None:
+        args.out_file.write_text(text + "\n", encoding="utf-8")
+    return result
+
+
+def read_mapping(path: Path, kind: type | tuple[type, ...], described: str) -> dict[str, Any]:
+    """A JSON object whose values are all of `kind`; anything else is a UserError naming the file."""
+    try:
+        mapping = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(mapping, dict):
+        raise UserError(f"{path}: expected a JSON object mapping question id to {described}")
+    for qid, value in mapping.items():
+        # bool is an int to Python but never a probability.
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UserError(f"{path}: the value for question {qid!r} is {value!r}, not a {described}")
+    return mapping

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from jobs.finetuning.squad_data import Question, Questions
-from jobs.finetuning.squad_metric import NO_ANSWER, normalize_answer
+from jobs.cli import UserError
+from jobs.finetuning.tasks.squad import Question, Questions
+from jobs.finetuning.tasks.squad_eval import gold_texts
 
 N_BEST = 20
 MAX_ANSWER_LENGTH = 30  # tokens
@@ -72,7 +73,7 @@ def encode_questions(tokenizer: Tokenizer, special: dict[str, int], questions: Q
     """Windows of every question: ids (ragged), labels (N, 2) start/end positions, the SpanIndex,
     and how many questions were cut to `max_question_length` tokens."""
     if max_length - max_question_length - 4 < 1:
-        raise ValueError(f"SQuAD windows of {max_length} tokens leave no room for context after a question of "
+        raise UserError(f"SQuAD windows of {max_length} tokens leave no room for context after a question of "
                          f"up to {max_question_length} tokens: raise max_length or lower max_question_length")
     contexts = _encode_contexts(tokenizer, questions.items)
     asked = tokenizer.encode_batch([q.question for q in questions.items], add_special_tokens=False)
@@ -92,13 +93,8 @@ def encode_questions(tokenizer: Tokenizer, special: dict[str, int], questions: Q
     index = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
     spans = SpanIndex(index[:, 0], index[:, 1], index[:, 2], index[:, 3],
                       [contexts[q.context][1] for q in questions.items], [q.context for q in questions.items],
-                      [q.id for q in questions.items], {q.id: gold_texts(q) for q in questions.items})
+                      [q.id for q in questions.items], {q.id: gold_texts(t for t, _ in q.answers) for q in questions.items})
     return sequences, np.asarray(labels, dtype=np.int64).reshape(-1, 2), spans, cut
-
-
-def gold_texts(question: Question) -> list[str]:
-    """The official rule: the answer texts that normalise to something, [""] when there is none."""
-    return [text for text, _ in question.answers if normalize_answer(text)] or list(NO_ANSWER)
 
 
 def _encode_contexts(tokenizer: Tokenizer, items: list[Question]) -> dict[str, tuple[list[int], np.ndarray]]:

@@ -1,19 +1,32 @@
-"""What `--tasks` names, read into `Task`s: GLUE, SNLI, SQuAD 2.0, or a user's task file or folder.
+"""The fine-tuning tasks, one home: what each is, how it is read and scored. `load_tasks` reads what `--tasks`
+names into `Task`s: GLUE, SNLI, SQuAD 2.0, or a user's task file or folder.
 
     load_tasks("glue" | "snli" | "squad_v2" | "glue,squad_v2" | "rte,mrpc" | FILE_OR_FOLDER, data_dir=...)
 
 `data_dir` holds the downloaded benchmark files: the GLUE task folders (`MNLI/train.tsv`, ...) and
 SQuAD 2.0's `train-v2.0.json` and `dev-v2.0.json`, side by side. GLUE without a `data_dir` comes from
-the Hugging Face hub (`readers.read_glue_hub`); SQuAD 2.0 needs it.
+the Hugging Face hub (`glue.read_glue_hub`); SQuAD 2.0 needs it.
+
+    specs.py          what each task is (labels, metrics, score): GLUE's eight, SNLI, SQuAD 2.0, a user's
+    metrics.py        accuracy, F1, Matthews, Pearson, Spearman
+    task.py           Task and Split, skipped rows and the malformed-row rule every reader applies
+    glue.py, snli.py, user.py, squad.py   the readers
+    squad_windows.py  SQuAD questions into model windows, logits back into answers
+    squad_eval.py     the official SQuAD 2.0 evaluation (and `python -m jobs.evaluate_squad_v2`)
+    subsets.py        fixed-seed row subsets and fractions of the training labels
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.finetuning.readers import Task, read_glue_hub, read_glue_task, read_snli, read_user_task
-from jobs.finetuning.specs import GLUE, GLUE_ALIASES, SQUAD_V2
-from jobs.finetuning.squad_data import read_squad_v2
+from jobs.cli import UserError
+from jobs.finetuning.tasks.glue import read_glue_hub, read_glue_task
+from jobs.finetuning.tasks.snli import read_snli
+from jobs.finetuning.tasks.specs import GLUE, GLUE_ALIASES, SQUAD_V2
+from jobs.finetuning.tasks.squad import read_squad_v2
+from jobs.finetuning.tasks.task import Task
+from jobs.finetuning.tasks.user import read_user_task
 
 
 def load_tasks(which: str, data_dir: str | Path | None = None, kind: str | None = None) -> list[Task]:
@@ -25,7 +38,7 @@ def load_tasks(which: str, data_dir: str | Path | None = None, kind: str | None 
         names += list(GLUE) if name == "glue" else [GLUE_ALIASES.get(name, name)]
     unknown = [n for n in names if n not in ("snli", SQUAD_V2.name, *GLUE)]
     if unknown or not names:
-        raise ValueError(f"--tasks {which!r}: {', '.join(map(repr, unknown or [which]))} is neither a task "
+        raise UserError(f"--tasks {which!r}: {', '.join(map(repr, unknown or [which]))} is neither a task "
                          f"({['glue', 'snli', SQUAD_V2.name, *GLUE]}) nor an existing file or folder")
     return [_read(name, data_dir) for name in dict.fromkeys(names)]  # each task once, in the order given
 

@@ -1,0 +1,88 @@
+"""What several test files share that is not a fixture: the tiny encoder, a user task, fake runs as the
+jobs log them. A plain module (`from helpers import ...`; pytest puts tests/ on the path), so conftest.py
+holds only fixtures and hooks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer
+
+from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, SEED_STAT, best_task_metric
+from model import EncoderConfig
+
+# MLflow is imported where a helper uses it: `python -m pytest -m gpu` runs on GPU machines that have
+# torch, transformers and pytest but no MLflow or Ray.
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+GPU_TEST_MODULES = ("test_attention.py", "test_flex_attention.py", "test_compile.py", "test_step.py")
+
+
+WORDS = ["good", "fine", "great", "bad", "poor", "awful"]
+
+
+def tiny_encoder_config(tokenizer_dir: Path) -> EncoderConfig:
+    """The one tiny encoder of the fine-tuning and representation tests, sized to the test tokenizer."""
+    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+    return EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, embedding_size=32,
+                         max_positions=64)
+
+
+def sentiment_file(path: Path, n: int = 100) -> Path:
+    """A user task: the label is whether the sentence's adjective is positive."""
+    rows = [{"text": f"the film was {WORDS[i % 6]} and the story {i}", "label": "pos" if i % 6 < 3 else "neg"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: dict[str, list[float]],
+                         preset: str = "tiny") -> str:
+    """A finished pretraining run as jobs.pretraining leaves it: tags and loss curves (step 10, 20, ...)."""
+    from mlflow.entities import Metric
+
+    run_id = client.create_run(exp, run_name=f"{preset}-{variant}", tags={
+        KIND_TAG: KIND_PRETRAINING, "preset": preset, "variant": variant}).info.run_id
+    client.log_batch(run_id, metrics=[Metric(k, v, 0, 10 * (i + 1)) for k, vs in curves.items()
+                                      for i, v in enumerate(vs)])
+    client.set_terminated(run_id)
+    return run_id
+
+
+def pretraining_run_with_encoder(tmp_path: Path, exported: Path) -> tuple[str, MlflowClient, str]:
+    """A fresh sqlite store holding a finished pretraining run with the exported encoder, as
+    jobs.pretraining.job leaves it: (tracking URI, client, run id)."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.tracking import experiment_id
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri)
+    run_id = client.create_run(experiment_id(client, "pretraining", tracking_uri), run_name="tiny").info.run_id
+    client.log_artifacts(run_id, str(exported), "encoder")
+    client.log_param(run_id, "preset", "tiny")
+    client.set_terminated(run_id)
+    return tracking_uri, client, run_id
+
+
+def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores: dict[str, float],
+                   status: str = "FINISHED", spread: float | None = None) -> str:
+    """A sweep parent run as jobs.finetuning leaves it: the best point's median per task (and a mean), and
+    with `spread` five seeds' scores (median + spread x -1, -1/2, 0, 1/2, 1) with their min and max."""
+    run_id = client.create_run(exp, run_name="sweep", tags={KIND_TAG: KIND_SWEEP,
+                                                            PRETRAINING_TAG: pretraining_run}).info.run_id
+    for task, score in scores.items():
+        client.log_metric(run_id, best_task_metric(task, "median"), score)
+        client.log_metric(run_id, best_task_metric(task, "mean"), score - 0.5)  # never read as the median
+        if spread is not None:
+            client.log_metric(run_id, best_task_metric(task, "min"), score - spread)
+            client.log_metric(run_id, best_task_metric(task, "max"), score + spread)
+            for seed, offset in enumerate((-1.0, -0.5, 0.0, 0.5, 1.0)):
+                client.log_metric(run_id, best_task_metric(task, f"{SEED_STAT}{seed}"), score + offset * spread)
+    if spread is not None:
+        client.log_param(run_id, "seeds", "0,1,2,3,4")
+    client.set_terminated(run_id, status)
+    return run_id
