@@ -44,20 +44,27 @@ from jobs import tracking
 from jobs.cli import option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.medians import GLUE_TARGETS
-from jobs.finetuning.specs import SQUAD_V2
+from jobs.finetuning.tasks.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         REPRESENT_ARTIFACT, REPRESENT_METRICS)
 from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_variant, pretraining_runs, sweep_scores,
                        with_fractions)
-from jobs.studies.figures import pyplot, representation_figure, save
+from jobs.studies.figures import legend_below, pyplot, representation_figure, run_styles, save
 
 BASELINE = "cocolm"
 AVG = "AVG"
 RUN_COLUMNS = ["preset", "variant", "run_name", "run_id"]
 FIG8 = (("Copy accuracy", "copy_accuracy_replaced", "copy_accuracy_original"),
         ("LM accuracy", "lm_accuracy_replaced", "lm_accuracy_original"))
-FIG7 = (("(a) positive pairs: [CLS] (solid), SCL head (dashed)", "cls_positive_cosine", "scl_positive_cosine"),
-        ("(b) negative pairs: [CLS] (solid), SCL head (dashed)", "cls_negative_cosine", "scl_negative_cosine"))
+# [CLS] cosines of an early model sit within 1e-3 of 1 while the SCL head's spread over [-1, 1]: on one axis
+# the [CLS] lines are flat, so each gets its own panel (top row [CLS], bottom row SCL head).
+FIG7 = (("(a) positive pairs: [CLS]", "cls_positive_cosine"),
+        ("(b) negative pairs: [CLS]", "cls_negative_cosine"),
+        ("(a) positive pairs: SCL head", "scl_positive_cosine"),
+        ("(b) negative pairs: SCL head", "scl_negative_cosine"))
+CURVE_FIGURES = ((FIG8, "Fig. 8: replaced (solid) vs original (dashed) tokens", "fig8_copy_lm_accuracy", "accuracy"),
+                 (FIG7, "Fig. 7a/b: cosine of SCL's pairs during pretraining", "fig7_scl_cosine",
+                  "mean cosine of the pairs"))  # (panels, title, file name, y label)
 CLAIM_CURVES = ("loss",)  # read by the claims besides the figures' curves (the stop-gradient's stability)
 
 
@@ -130,31 +137,54 @@ def score_markdown(table: pd.DataFrame, with_diffs: bool = False) -> str:
 
 
 def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[tuple[str, ...]], title: str,
-                  path: Path) -> Path | None:
-    """One panel per (title, key, [second key]): a line per run (colour) and key (solid: first, dashed: second).
-    None when no run logged any of the keys."""
+                  path: Path, ylabel: str = "value", styles: dict[str, dict] | None = None) -> Path | None:
+    """One panel per (title, key, [second key]): a line per run (its colour and marker from `styles`, the
+    same in every panel) and key (solid: first, dashed: second), one legend under the panels. None when no
+    run logged any of the keys."""
     keys = {k for panel in panels for k in panel[1:]}
     hist = hist[hist["key"].isin(keys)]
     if hist.empty:
         return None
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    colours = {run_id: f"C{i % 10}" for i, run_id in enumerate(labels)}
-    for ax, (name, *panel_keys) in zip(axes[0], panels):
-        for run_id, label in labels.items():
-            for key, style in zip(panel_keys, ("-", "--")):
-                points = hist[(hist["run_id"] == run_id) & (hist["key"] == key)]
-                if len(points):
-                    suffix = f" {key.rsplit('_', 1)[-1]}" if len(panel_keys) > 1 else ""
-                    ax.plot(points["step"], points["value"], style, color=colours[run_id], label=label + suffix)
-        ax.set_title(name)
-        ax.set_xlabel("pretraining step")
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
-    return save(fig, title, path)
+    styles = styles or run_styles(labels)
+    columns = int(np.ceil(np.sqrt(len(panels))))  # 2 panels side by side, 4 as 2 x 2
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.6 * rows + 0.4), squeeze=False)
+    for ax, (name, *panel_keys) in zip(axes.flat, panels):
+        _curve_panel(ax, hist, labels, panel_keys, styles)
+        ax.set(title=name, xlabel="pretraining step", ylabel=ylabel)
+    drawn = [run_id for run_id in labels if run_id in set(hist["run_id"])]
+    handles = [plt.Line2D([], [], **styles[r]) for r in drawn]
+    names = [labels[r] for r in drawn]
+    two = next((k for _, *k in panels if len(k) == 2), None)
+    if two:  # what solid and dashed stand for: the words in which the two keys differ
+        handles += [plt.Line2D([], [], color="black", linestyle=s) for s in ("-", "--")]
+        names += [f"{s}: {w}" for s, w in zip(("solid", "dashed"), _differing_words(*two))]
+    missing = [labels[r] for r in labels if r not in drawn]
+    note = f"\nnot logged by {', '.join(missing)}" if missing else ""
+    return save(fig, title + note, path, bottom=legend_below(fig, handles, names))
+
+
+def _curve_panel(ax, hist: pd.DataFrame, labels: dict[str, str], panel_keys: Sequence[str], styles) -> None:
+    from matplotlib.ticker import MaxNLocator  # after pyplot(): matplotlib is optional
+
+    for run_id in labels:
+        for key, style in zip(panel_keys, ("-", "--")):
+            points = hist[(hist["run_id"] == run_id) & (hist["key"] == key)]
+            if len(points):  # markers on about 8 points a line: lines stay apart, a one-point curve shows
+                ax.plot(points["step"], points["value"], style, markevery=max(1, len(points) // 8), markersize=4,
+                        linewidth=1.2, label=labels[run_id], **styles[run_id])
+    ax.grid(alpha=0.3)
+    ax.ticklabel_format(axis="y", useOffset=False)  # cosines near 1 as 0.9998, never 1e-4+9.997e-1
+    ax.yaxis.set_major_locator(MaxNLocator(6, steps=[1, 2, 2.5, 5, 10]))
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+
+
+def _differing_words(first: str, second: str) -> list[str]:
+    """'copy_accuracy_replaced', 'copy_accuracy_original' -> ['replaced', 'original']."""
+    a, b = first.split("_"), second.split("_")
+    return [" ".join(w for w in a if w not in b), " ".join(w for w in b if w not in a)]
 
 
 def label_fraction_table(runs: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
@@ -168,25 +198,34 @@ def label_fraction_table(runs: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFra
         ["task", "preset", "variant", "fraction"], kind="stable").reset_index(drop=True)
 
 
-def label_fraction_figure(table: pd.DataFrame, path: Path) -> Path:
+def label_fraction_figure(table: pd.DataFrame, path: Path, styles: dict[str, dict] | None = None) -> Path:
     """Paper Fig. 7c/d: a panel per task, score (median over seeds, x100) against the fraction of training
-    labels on a log axis, a line per pretraining run, error bars from the seeds' min to max."""
+    labels on a log axis, a line per pretraining run (its colour and marker from `styles`), error bars from
+    the seeds' min to max, one legend under the panels."""
     plt = pyplot()
     tasks = list(dict.fromkeys(table["task"]))
+    run_ids = list(dict.fromkeys(table["run_id"]))
+    styles = styles or run_styles(run_ids)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for i, (run_id, line) in enumerate(table[table["task"] == task].groupby("run_id", sort=False)):
+        for run_id, line in table[table["task"] == task].groupby("run_id", sort=False):
             y = 100 * line["score"].to_numpy()
             error = [y - 100 * line["min"].to_numpy(), 100 * line["max"].to_numpy() - y]
-            ax.errorbar(line["fraction"], y, yerr=error, marker="o", capsize=3, color=f"C{i % 10}",
-                        label=_label(line.iloc[0]))
+            # each run a little to the side (in log x) so that its error bars do not hide the others'
+            nudge = 10 ** (0.01 * (run_ids.index(run_id) - (len(run_ids) - 1) / 2))
+            ax.errorbar(line["fraction"] * nudge, y, yerr=error, capsize=2, markersize=4, linewidth=1.2, elinewidth=0.8,
+                        **styles[run_id])
+        fractions = sorted(set(table["fraction"]))
         ax.set_xscale("log")
-        ax.set_title(task)
-        ax.set_xlabel("fraction of the training labels")
-        ax.set_ylabel("dev score x100 (median; bars: min-max over seeds)")
+        ax.set_xticks(fractions, [f"{f:g}" for f in fractions])  # 0.01 rather than 10^-2
+        ax.minorticks_off()
+        ax.set(title=task, xlabel="fraction of the training labels", ylabel="dev score x100")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return save(fig, "Fig. 7c/d: fine-tuning on fractions of the labels", path)
+    rows = table.drop_duplicates("run_id")
+    handles = [plt.Line2D([], [], **styles[r]) for r in rows["run_id"]]
+    bottom = legend_below(fig, handles, [_label(row) for _, row in rows.iterrows()])
+    return save(fig, "Fig. 7c/d: fine-tuning on fractions of the labels (median over seeds, bars: min-max)", path,
+                bottom=bottom)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -224,13 +263,13 @@ def build(client, experiment: str | None, out: Path) -> Report:
     labels = {row["run_id"]: _label(row) for _, row in runs.iterrows()}
     keys = [*(k for panel in (*FIG8, *FIG7) for k in panel[1:]), *CLAIM_CURVES]  # every curve the claims read too
     hist = histories(client, list(labels), keys)
-    for panels, title, name in ((FIG8, "Fig. 8: replaced (solid) vs original (dashed) tokens", "fig8_copy_lm_accuracy"),
-                                (FIG7, "Fig. 7a/b: cosine of SCL's pairs during pretraining", "fig7_scl_cosine")):
-        made = curves_figure(hist, labels, panels, title, out / f"{name}.png")
+    styles = run_styles(labels)  # one colour and marker per run, in every figure
+    for panels, title, name, ylabel in CURVE_FIGURES:
+        made = curves_figure(hist, labels, panels, title, out / f"{name}.png", ylabel, styles)
         files += [made] if made else []
     pairs = represent_pairs(client, runs)
     files += _representation(runs, pairs, out)
-    files += _label_fractions(runs, scores, out)
+    files += _label_fractions(runs, scores, out, styles)
     files += pretraining_table(runs, out)
     # Few-shot studies go to their own experiment by default: read them from the whole store, for these runs.
     fewshot = fewshot_scores(client, experiment_ids(client, None))
@@ -240,7 +279,7 @@ def build(client, experiment: str | None, out: Path) -> Report:
     return Report(out, table, ablation, files, claims=claims)
 
 
-def _label_fractions(runs: pd.DataFrame, scores: pd.DataFrame, out: Path) -> list[Path]:
+def _label_fractions(runs: pd.DataFrame, scores: pd.DataFrame, out: Path, styles: dict[str, dict]) -> list[Path]:
     """The label-fraction table and figure, when a sweep ran with --label-fractions."""
     table = label_fraction_table(runs, scores)
     if table.empty:
@@ -252,7 +291,7 @@ def _label_fractions(runs: pd.DataFrame, scores: pd.DataFrame, out: Path) -> lis
                                             "fraction: median, min and max over seeds, x100 as every score table\n\n"
                                             + plain_markdown(shown))
     return [out / "label_fractions.csv", out / "label_fractions.md",
-            label_fraction_figure(table, out / "fig7cd_label_fractions.png")]
+            label_fraction_figure(table, out / "fig7cd_label_fractions.png", styles)]
 
 
 def pretraining_table(runs: pd.DataFrame, out: Path) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # Quiet and offline by default; a user's own value always wins (setdefault). Ray's token
 # authentication is left to Ray on purpose (docs/design.md section 8): a local Ray started by a job
@@ -24,10 +25,38 @@ HERMETIC_ENV = {
     "RAY_DEDUP_LOGS_SKIP_REGEX": (r"PreemptionWatcher.*constructor arguments in the object store|"
                                   r"RayDeprecationWarning|^\s*self\.exclude_resources = exclude_resources\s*$|"
                                   # and Ray Data's note, from each dataset's coordinator, that its bars are off
-                                  r"Progress bars disabled\. To enable"),
+                                  r"Progress bars disabled\. To enable|"
+                                  # and the raylet's warning that many worker processes started at once:
+                                  # fractional CPUs (cluster.cpus_per_worker, data.data_cpus, Tune trials)
+                                  # are this platform's choice, so it is nothing for the user to act on
+                                  r"worker processes have been started on node: .* the maximum expected startup"),
+}
+
+
+# Without a terminal (ray job submit, CI, nohup, every Ray worker) each refresh of a progress bar is a
+# log line: MLflow's "Downloading artifacts" bar and transformers' "Writing model shards" (read through
+# huggingface_hub at import, hence here). The jobs print their own progress lines either way.
+NO_TERMINAL_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
 
 
 def set_hermetic_env() -> None:
     for key, value in HERMETIC_ENV.items():
         os.environ.setdefault(key, value)
+    if not sys.stdout.isatty():
+        for key, value in NO_TERMINAL_ENV.items():
+            os.environ.setdefault(key, value)
+    sys.unraisablehook = quiet_exit_unraisable
+
+
+def quiet_exit_unraisable(unraisable) -> None:
+    """Python's hook for an exception nobody can catch (in a finaliser or a weakref callback), minus one
+    case: a SystemExit. Ray ends a finished trial's actor by raising SystemExit from its signal handler;
+    when that lands inside a garbage-collection callback, Python printed "Exception ignored in: <function
+    WeakSet...> ... SystemExit: 1" into a sweep that had succeeded. The process is exiting as asked, so
+    there is nothing to report; every other unraisable exception is still printed."""
+    if isinstance(unraisable.exc_value, SystemExit) or unraisable.exc_type is SystemExit:
+        return
+    sys.__unraisablehook__(unraisable)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -33,6 +34,8 @@ def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
             # out": advice this platform never gives (docs/design.md section 8). Its warning for a
             # cluster started without authentication stays.
             logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(no_opt_out_advice)
+            if not sys.stdout.isatty():  # its "Started a local Ray instance" line colours the dashboard's URL
+                logging.getLogger("ray._private.worker").addFilter(no_ansi)
             ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
             private_token_file()
     quiet_ray_data(sys.stdout.isatty())
@@ -43,6 +46,18 @@ def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
 def no_opt_out_advice(record: logging.LogRecord) -> bool:
     """A logging filter (one function, so adding it again on every start keeps one copy)."""
     return "to opt out" not in record.getMessage()
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def no_ansi(record: logging.LogRecord) -> bool:
+    """A logging filter that keeps the record and strips ANSI colour codes from it (a log file or a pipe
+    shows them as `[1m[32m`)."""
+    record.msg = ANSI.sub("", str(record.msg))
+    if isinstance(record.args, tuple):
+        record.args = tuple(ANSI.sub("", a) if isinstance(a, str) else a for a in record.args)
+    return True
 
 
 def token_file() -> Path | None:

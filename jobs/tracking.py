@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.rest_utils import http_request
 
+from jobs.cli import UserError
 from jobs.names import RUN_KEY_TAG
 
 def home() -> Path:
@@ -49,7 +50,7 @@ def check_storage(storage: str) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
             pass
     except OSError as error:
-        raise PermissionError(f"storage {storage} is not writable ({error.strerror or error}): "
+        raise UserError(f"storage {storage} is not writable ({error.strerror or error}): "
                               f"choose a writable --storage") from None
 
 
@@ -66,7 +67,7 @@ def check_tracking(uri: str, timeout: float = 5.0) -> None:
                 if response.status != 200:
                     raise ConnectionError(f"HTTP {response.status}")
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
-            raise ConnectionError(
+            raise UserError(
                 f"MLflow tracking server {uri} is unreachable ({error}). Start it (see platform/mlflow/README.md) "
                 f"or pass --tracking-uri sqlite:///<path>/mlflow.db for a local store."
             ) from None
@@ -83,7 +84,7 @@ def check_credentials(uri: str, timeout: float = 5.0) -> None:
         response = http_request(creds, "/api/2.0/mlflow/experiments/search", "GET", params={"max_results": 1},
                                 max_retries=0, backoff_factor=0, timeout=timeout, raise_on_status=False)
     except (OSError, MlflowException) as error:
-        raise ConnectionError(f"MLflow tracking server {uri} did not answer a request ({error})") from None
+        raise UserError(f"MLflow tracking server {uri} did not answer a request ({error})") from None
     if response.status_code not in (401, 403):
         return
     given = [name for name in CREDENTIAL_VARIABLES if os.environ.get(name)]
@@ -97,7 +98,7 @@ def check_credentials(uri: str, timeout: float = 5.0) -> None:
         problem = f"refused the credentials in {source}" if source else "requires credentials and none are set"
     else:
         problem = f"denies access to the account in {source or '(no credentials)'}"
-    raise PermissionError(
+    raise UserError(
         f"MLflow tracking server {uri} {problem} (HTTP {response.status_code}): set MLFLOW_TRACKING_USERNAME "
         f"and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an account the server's admin made for "
         f"you, in the job's environment (platform/mlflow/README.md)")
@@ -192,13 +193,21 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> Non
         client.log_batch(run_id, params=items[start : start + 100])
 
 
+COMMIT_ENV = "COCOLM_GIT_COMMIT"  # set by `python -m jobs.submit`: a submitted job's copy has no .git
+
+
 def git_commit(repo: Path | None = None) -> str:
-    """The commit of the code being run; under `ray job submit` the copy has no .git, so the driver's env is tried."""
-    if os.environ.get("COCOLM_GIT_COMMIT"):
-        return os.environ["COCOLM_GIT_COMMIT"]
+    """The commit of the code being run, `<sha>-dirty` when the checkout has uncommitted changes (untracked
+    files that git does not ignore count: Ray ships them too); "unknown" outside a git checkout. Under
+    `ray job submit` the copy has no .git, so the commit comes from COCOLM_GIT_COMMIT (jobs.submit)."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    where = repo or Path(__file__).parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo or Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
+        if head.returncode or not head.stdout.strip():
+            return "unknown"
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=where, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")

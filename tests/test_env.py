@@ -53,6 +53,8 @@ def test_the_worker_lines_the_driver_drops_are_only_rays_own_noise():
         "  self.exclude_resources = exclude_resources",
         "2026-11-24 01:42:25,050\tWARNING __init__.py:28 -- Progress bars disabled. To enable, set "
         "`ray.data.DataContext.get_current().enable_progress_bars = True`.",
+        "WARNING: 8 PYTHON worker processes have been started on node: 5f2c with address: 10.0.0.2, which is 4x "
+        "the maximum expected startup concurrency (2). This could be a result of using a large number of actors",
     ]
     kept = ["step 10/20 | loss 54.435 | aux_mlm 8.288 copy 0.674 | lr 1.00e-04 | 11,000 tok/s | 0m12s left",
             "resumed from /tmp/x/checkpoint_step_00000010 at step 10", "Traceback (most recent call last):",
@@ -130,3 +132,33 @@ def test_a_local_ray_started_by_a_job_refuses_its_job_api_to_requests_without_it
         shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     # Ray's "token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out" is not passed on
     assert "opt out" not in (tmp_path / "ray.log").read_text()
+
+
+def test_a_process_told_to_exit_during_garbage_collection_prints_no_traceback_but_real_ones_stay():
+    """Ray ends a finished trial's actor with SystemExit from its signal handler; landing in a weakref
+    callback it printed 'Exception ignored in: <function WeakSet...> SystemExit: 1' after good sweeps."""
+    code = ("import jobs\n"
+            "class Exits:\n    def __del__(self): raise SystemExit(1)\n"
+            "class Fails:\n    def __del__(self): raise ValueError('a real problem')\n"
+            "Exits(); Fails(); print('done')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "done" in result.stdout
+    assert "SystemExit" not in result.stderr and "Exits" not in result.stderr
+    assert "Exception ignored in" in result.stderr and "ValueError: a real problem" in result.stderr
+
+
+def test_without_a_terminal_no_progress_bar_lines_and_no_colour_codes_in_rays_own_lines():
+    code = ("import os, logging, jobs\n"
+            "from transformers.utils import logging as tl\n"
+            "from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as bar\n"
+            "print(tl.is_progress_bar_enabled(), bar.get())\n"
+            "from jobs.ray_session import no_ansi\n"
+            "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+            "log = logging.getLogger('ray._private.worker'); log.addFilter(no_ansi)\n"
+            "log.info('Started a local Ray instance. View the dashboard at %s%s%s %s%s', '\\x1b[1m', '\\x1b[32m',"
+            " 'http://127.0.0.1:8265', '\\x1b[39m', '\\x1b[22m')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "False"]  # transformers' "Writing model shards", MLflow's downloads
+    assert "View the dashboard at http://127.0.0.1:8265" in result.stderr and "\x1b[" not in result.stderr

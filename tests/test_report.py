@@ -15,7 +15,7 @@ from analysis.report import ablation_table, build, finetuning_table, score_markd
 from jobs.names import best_task_metric
 from jobs.runs import latest_per_variant, pretraining_runs
 from jobs.tracking import experiment_id
-from conftest import fake_pretraining_run, fake_sweep_run
+from helpers import fake_pretraining_run, fake_sweep_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,3 +190,27 @@ def test_label_fractions_get_their_table_figure_and_claim_and_stay_out_of_table_
     table3 = [c for c in report.claims if c.statement.startswith("cocolm above clm_only")]
     assert [c.statement for c in table3] == ["cocolm above clm_only: SNLI"]  # Table 3 reads all the labels
     assert "cocolm 70.00 vs clm_only 69.00" in table3[0].numbers
+
+
+def test_curves_of_13_variants_each_keep_one_distinct_colour_and_marker_in_every_panel(tmp_path, monkeypatch):
+    import analysis.report as report
+
+    names = ["cocolm", "electra", "roberta_mlm", "rtd_only", "clm_only", "scl_rtd", "no_rel_pos", "electra_aux",
+             "random_replace", "all_token_lm", "clm_no_copy", "clm_no_stopgrad", "converged_aux"]
+    labels = {f"run-{v}": f"{v} (tiny)" for v in names}
+    keys = [k for panel in report.FIG8 for k in panel[1:]]
+    hist = pd.DataFrame([{"run_id": r, "key": k, "step": s, "value": s / 100} for r in labels for k in keys
+                         for s in (0, 50, 100)])
+    drawn = {}
+    monkeypatch.setattr(report, "save", lambda fig, title, path, bottom=0.0: drawn.setdefault("fig", fig))
+    report.curves_figure(hist, labels, report.FIG8, "t", tmp_path / "f.png", "accuracy")
+    fig = drawn["fig"]
+    panels = [ax for ax in fig.axes if ax.lines]
+    assert len(panels) == 2 and not any(ax.get_legend() for ax in panels) and len(fig.legends) == 1
+    looks = {}  # label -> every (colour, marker) its lines were drawn with, over both panels and both keys
+    for ax in panels:
+        for line in ax.lines:
+            looks.setdefault(line.get_label(), set()).add((line.get_color(), line.get_marker()))
+    assert sorted(looks) == sorted(labels.values()) and all(len(look) == 1 for look in looks.values())
+    assert len({next(iter(look)) for look in looks.values()}) == 13  # no two variants look alike
+    assert len({next(iter(look))[0] for look in looks.values()}) == 13  # not even by colour alone

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.tracking import CREDENTIAL_VARIABLES, check_storage, check_tracking, ui_links
+from jobs.cli import UserError
+from jobs.submit import runtime_env
+from jobs.tracking import COMMIT_ENV, CREDENTIAL_VARIABLES, check_storage, check_tracking, git_commit, ui_links
 
 
 def test_jobs_print_direct_links_to_the_run_the_runs_table_and_the_compare_view():
@@ -30,7 +32,7 @@ def test_storage_must_be_writable(tmp_path):
     check_storage(str(tmp_path / "new" / "dir"))  # created
     assert (tmp_path / "new" / "dir").is_dir() and list((tmp_path / "new" / "dir").iterdir()) == []
     (tmp_path / "file").write_text("x")
-    with pytest.raises(PermissionError, match=r"storage .*file/sub is not writable"):
+    with pytest.raises(UserError, match=r"storage .*file/sub is not writable"):
         check_storage(str(tmp_path / "file" / "sub"))
     check_storage("s3://bucket/prefix")  # cloud storage is Ray's to check when it first writes
 
@@ -86,12 +88,12 @@ def no_mlflow_credentials(monkeypatch, tmp_path):
 def test_a_server_that_wants_credentials_is_one_error_naming_the_variables(no_mlflow_credentials, monkeypatch):
     server = AuthServer()
     try:
-        with pytest.raises(PermissionError, match=r"requires credentials and none are set \(HTTP 401\): set "
+        with pytest.raises(UserError, match=r"requires credentials and none are set \(HTTP 401\): set "
                                                   r"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
             check_tracking(server.uri)
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "user")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
-        with pytest.raises(PermissionError, match="refused the credentials in MLFLOW_TRACKING_USERNAME and "
+        with pytest.raises(UserError, match="refused the credentials in MLFLOW_TRACKING_USERNAME and "
                                                   r"MLFLOW_TRACKING_PASSWORD \(HTTP 401\)"):
             check_tracking(server.uri)
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "secret")
@@ -106,7 +108,7 @@ def test_a_server_that_denies_the_account_says_so(no_mlflow_credentials, monkeyp
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "user")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "secret")
     try:
-        with pytest.raises(PermissionError, match=r"denies access to the account in MLFLOW_TRACKING_USERNAME "
+        with pytest.raises(UserError, match=r"denies access to the account in MLFLOW_TRACKING_USERNAME "
                                                   r"and MLFLOW_TRACKING_PASSWORD \(HTTP 403\)"):
             check_tracking(server.uri)
     finally:
@@ -130,3 +132,30 @@ def test_a_job_refused_by_the_server_prints_one_error_line_before_any_compute(no
     assert "MLFLOW_TRACKING_USERNAME" in lines[0] and "MLFLOW_TRACKING_TOKEN" in lines[0]
     assert "Traceback" not in result.stderr and "Started a local Ray instance" not in result.stdout + result.stderr
     assert not (tmp_path / "home").exists() or not any((tmp_path / "home").iterdir())  # nothing made
+
+
+def test_the_commit_says_dirty_when_the_tree_has_changes_and_a_submitted_job_takes_it_from_its_env(tmp_path, monkeypatch):
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    assert git_commit(tmp_path) == "unknown"  # not a checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], cwd=tmp_path, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert git_commit(tmp_path) == sha
+    (tmp_path / "new.py").write_text("y = 2\n")  # untracked and not ignored: Ray would ship it
+    assert git_commit(tmp_path) == f"{sha}-dirty"
+    monkeypatch.setenv(COMMIT_ENV, "abc123-dirty")  # what jobs.submit hands a job
+    assert git_commit(tmp_path) == "abc123-dirty"
+
+
+def test_submit_merges_the_commit_into_the_runtime_env_file(tmp_path):
+    env_file = tmp_path / "runtime_env.yaml"
+    env_file.write_text("env_vars:\n  COCOLM_HOME: /tmp/x\nexcludes:\n  - work/\n")
+    env = runtime_env(str(env_file), "abc123")
+    assert env == {"env_vars": {"COCOLM_HOME": "/tmp/x", COMMIT_ENV: "abc123"}, "excludes": ["work/"]}
+    assert runtime_env(None, "abc123") == {"env_vars": {COMMIT_ENV: "abc123"}}
+    env_file.write_text("- not a mapping\n")
+    with pytest.raises(UserError, match="a runtime env is a mapping"):
+        runtime_env(str(env_file), "abc123")

@@ -21,6 +21,32 @@ def pyplot():
     return plt
 
 
+# Qualitative colours, distinct enough for a study of 13 variants: tab10, then three that tab10 lacks. With
+# markers cycled at a coprime length, (colour, marker) stays unique up to 13 x 7 lines, and a curve of one
+# logged point still shows.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#000000", "#1a1a80", "#00796b")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def run_styles(names) -> dict[str, dict]:
+    """Per run (in the given order) its colour and marker, to pass to every figure of a report so that a
+    variant looks the same in every panel and figure."""
+    return {name: {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)]}
+            for i, name in enumerate(names)}
+
+
+def legend_below(fig, handles: list, labels: list[str], columns: int = 4) -> float:
+    """One legend for the whole figure, under the panels (a legend per panel covers the data once a study
+    has many variants). The figure grows by the legend's height, so the panels keep theirs; returns the
+    share of the figure's height the legend takes, for save(bottom=...)."""
+    columns = min(columns, len(labels))
+    height = 0.19 * -(-len(labels) // columns) + 0.1  # inches: a row of 8-point text each, and a margin
+    fig.set_figheight(fig.get_figheight() + height)
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    return height / fig.get_figheight()
+
+
 def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
     """Paper Fig. 1/5: per variant histograms of [CLS] cosine similarity of random corpus pairs and of similar
     pairs, on one shared x range (so panels compare), as the share of each kind's pairs per bin. `cosines`
@@ -51,6 +77,7 @@ def representation_figure(cosines: dict[str, pd.DataFrame], path: Path) -> Path:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(cosines):]:
         ax.axis("off")
+    axes[0, 0].set_ylim(0, 1.35 * axes[0, 0].get_ylim()[1])  # shared y: headroom for each panel's legend
     for i, ax in enumerate(list(axes.flat)[:len(cosines)]):
         ax.tick_params(labelbottom=True)  # shared x: every panel keeps its tick labels (a short last row too)
         if i + columns >= len(cosines):  # the lowest panel of its column
@@ -66,6 +93,6 @@ def save(fig, title: str, path: Path, bottom: float = 0.0) -> Path:
     figure; its path."""
     fig.suptitle(title)
     fig.tight_layout(rect=(0, bottom, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     pyplot().close(fig)
     return path

@@ -1,0 +1,156 @@
+"""The README's commands as a new user meets them: every one is run by a test, or is marked as needing a
+GPU, a cloud account or hours; every flag it shows exists; the short CPU ones run here as written and
+print what the README says they print."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+# Each README command (a line of a shell block, continuations joined, comments dropped), by the regex
+# that recognises it, with who runs it. "run here" ones run below in a fresh folder, as written.
+RUN_HERE = "run here"
+COMMANDS = {
+    r"^python3 -m venv .venv && . .venv/bin/activate && pip install -e \. && python -m jobs\.pretraining":
+        "the demo: the README's first Quickstart block, run on a fresh machine before every release",
+    r"^bash tests/system_packages\.sh && python3 -m venv": "the test command: .ci/run runs it as written",
+    r"^export RAY_AUTH_MODE=token$|^ray get-auth-token|^ray start --head|^python -m jobs\.submit -- python -m "
+    r"jobs\.pretraining --preset tiny|^ray job logs|^ray stop$":
+        "tests/test_pretrain.py::test_ray_job_submit_end_to_end (the local cluster flow)",
+    r"^\(umask 077 && mkdir -p ~/\.ray|^ray up cluster\.yaml|^ray dashboard cluster\.yaml|"
+    r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env":
+        "needs a cloud account (cluster.yaml); tests/test_platform.py checks the files",
+    r"^python -m jobs\.studies\.ablate --preset study-cpu|^python -m analysis\.report --experiment ablation-study-cpu":
+        "the CPU study: about two hours on 2 cores; its output is committed in docs/measurements/cpu-study",
+    r"^python -m jobs\.studies\.ablate --preset study |^python -m analysis\.report --experiment ablation-study ":
+        "GPU-sized (the README says so)",
+    r"^python -m jobs\.studies\.ablate --preset tiny --variants cocolm,electra|"
+    r"^python -m analysis\.report --experiment ablation-tiny":
+        "tests/test_ablate.py and tests/test_report.py run the same path at test size",
+    r"^python -m jobs\.data\.pack --seq-len 64 --vocab-size 4000 --out work/blocks-study-cpu": RUN_HERE,
+    r"^python -m jobs\.studies\.curves --preset study-cpu .*--set train\.max_steps=100 --out work/curves/first-look\.csv":
+        RUN_HERE,
+    r"^python -m jobs\.studies\.curves --preset study-cpu --blocks work/blocks-study-cpu --variant (cocolm|roberta_mlm)$":
+        "about 12 minutes each on 2 cores; tests/test_curves.py runs the probe at test size",
+    r"^python -m jobs\.studies\.curves --plot": "tests/test_curves.py draws CSVs of two variants",
+    r"^python -m jobs\.data\.pack --seq-len 128 --vocab-size 8192 --out work/blocks-study$|"
+    r"^python -m jobs\.studies\.curves --preset study ": "GPU-sized (the README says so)",
+    r"^mlflow ui --backend-store-uri": "tests/test_mlflow_ui.py::test_compare_runs_page_lists_both_variant_runs",
+    r"^python -m jobs\.data\.tokenizer --vocab-size 4000 --out work/tokenizer": RUN_HERE,
+    r"^python -m jobs\.data\.stream_bench": "tests/test_stream.py runs the stream it times; a benchmark of a minute",
+    r"^python -m jobs\.data\.pack --seq-len 128 --vocab-size 8192 --out work/blocks ":
+        "the same command as the study-cpu pack above, at the study preset's length",
+    r"^python -m pytest -m gpu|^python -m pytest tests/test_triton_attention\.py|^python -m model\.bench --preset base":
+        "GPU (the README's 'On a GPU' section)",
+}
+
+
+def shell_commands(text: str) -> list[str]:
+    """Every command of the README's shell blocks: continuations joined, comments and blank lines dropped."""
+    commands = []
+    for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(re.sub(r"\s+", " ", line))
+    return commands
+
+
+def python_commands(text: str) -> list[str]:
+    """Every `python -m MODULE ...` the README shows, in shell blocks, usage blocks and inline code; a
+    line of several commands (`a && b`) gives each."""
+    lines = shell_commands(text)
+    for block in re.findall(r"```(?:text)?\n(.*?)```", text, re.S):
+        lines += [line.strip() for line in block.replace("\\\n", " ").splitlines()]
+    lines += re.findall(r"`(python -m [^`]+)`", text)
+    return [part.strip() for line in lines for part in line.split("&&") if part.strip().startswith("python -m ")]
+
+
+def classify(command: str) -> str | None:
+    matches = [why for pattern, why in COMMANDS.items() if re.search(pattern, command)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def test_every_readme_command_is_run_by_a_test_or_says_why_not():
+    unclassified = [c for c in shell_commands(README) if classify(c) is None]
+    assert not unclassified, f"README commands with no (or several) entries in COMMANDS: {unclassified}"
+    for why in set(COMMANDS.values()):  # a named test exists
+        for file, name in re.findall(r"(tests/test_\w+\.py)::(\w+)", why):
+            assert f"def {name}(" in (ROOT / file).read_text(), why
+
+
+# The function behind each `python -m` package (its __main__ calls it; importing a __main__ would run it).
+PACKAGE_MAIN = {"jobs.pretraining": "jobs.pretraining.job", "jobs.finetuning": "jobs.finetuning.sweep"}
+
+
+def help_text(module: str, capsys) -> str:
+    """The command's --help, from its own parser, in this process (a new Python per command took 30 s)."""
+    import importlib
+
+    main = importlib.import_module(PACKAGE_MAIN.get(module, module)).main
+    with pytest.raises(SystemExit) as status:
+        main(["--help"])
+    assert status.value.code == 0, module
+    return capsys.readouterr().out
+
+
+def test_every_flag_the_readme_shows_exists(capsys, monkeypatch):
+    """Usage lines, shell blocks and inline commands alike: a renamed flag fails here, not for a reader."""
+    monkeypatch.setenv("COLUMNS", "200")
+    helps: dict[str, str] = {}
+    missing = []
+    for command in python_commands(README):
+        words = command.split(" -- ")[0].split()  # after `--` come another command's flags (jobs.submit)
+        module = words[words.index("-m") + 1]
+        if module == "pytest":
+            continue
+        for flag in {w.split("=")[0].strip("[]|,") for w in words if w.lstrip("[").startswith("--")}:
+            if module not in helps:
+                helps[module] = help_text(module, capsys)
+            if flag and not re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,=\]]|$)", helps[module], re.M):
+                missing.append(f"python -m {module} {flag}")
+    assert not missing, f"flags the README shows that the command does not take: {sorted(set(missing))}"
+
+
+def readme_command(pattern: str) -> list[str]:
+    """The README's command matching `pattern`, as argv, with its optional `[...]` parts left out."""
+    (command,) = [c for c in shell_commands(README) if re.search(pattern, c)]
+    command = re.sub(r"\s*\[[^\]]*\]", "", command)
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "-m"], command
+    return [sys.executable, *argv[1:]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tmp_path):
+    """In a fresh folder, as a user in a clone runs them (outputs under work/), one after the other."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COCOLM_HOME": str(tmp_path / "home"),
+           "COCOLM_CACHE": str(tmp_path / "cache")}
+
+    def run(pattern: str) -> str:
+        result = subprocess.run(readme_command(pattern), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        return result.stdout + result.stderr
+
+    out = run(r"^python -m jobs\.data\.tokenizer")
+    assert "tokenizer: work/tokenizer (vocab 4000, uncased" in out and (tmp_path / "work/tokenizer/tokenizer.json").is_file()
+
+    out = run(r"^python -m jobs\.data\.pack --seq-len 64")
+    assert re.search(r"packed [\d,]+ blocks of 64 \([\d,]+ tokens, vocabulary 4,000\) into work/blocks-study-cpu", out)
+
+    out = run(r"first-look\.csv")
+    # the README: a line per log interval with held-out accuracies, step 0 first; the CSV and its figure
+    assert "step 0/100 | held-out before training:" in out and re.search(r"step 100/100 \|.*held-out aux_mlm", out)
+    assert "curves: work/curves/first-look.csv" in out
+    rows = (tmp_path / "work/curves/first-look.csv").read_text().splitlines()
+    assert rows[1].startswith("0,") and rows[-1].startswith("100,")
+    assert "\x1b[" not in out and "%|" not in out  # no colour codes, no progress-bar frames
