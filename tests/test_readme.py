@@ -35,7 +35,7 @@ COMMANDS = {
     r"^python -m analysis\.report --experiment ablation-tiny":
         "tests/test_ablate.py and tests/test_report.py run the same path at test size",
     r"^python -m jobs\.data\.pack --seq-len 64 --vocab-size 4000 --out work/blocks-study-cpu": RUN_HERE,
-    r"^python -m jobs\.studies\.curves --preset study-cpu .*--set train\.max_steps=100 --out work/curves/first-look\.csv":
+    r"^python -m jobs\.studies\.curves --preset study-cpu .*--set train\.max_steps=50 --out work/curves/first-look\.csv":
         RUN_HERE,
     r"^python -m jobs\.studies\.curves --preset study-cpu --blocks work/blocks-study-cpu --variant (cocolm|roberta_mlm)$":
         "about 12 minutes each on 2 cores; tests/test_curves.py runs the probe at test size",
@@ -147,8 +147,8 @@ def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tm
 
     out = run(r"first-look\.csv")
     # the README: a line per log interval with held-out accuracies, step 0 first; the CSV and its figure
-    assert "step 0/100 | held-out before training:" in out and re.search(r"step 100/100 \|.*held-out aux_mlm", out)
+    assert "step 0/50 | held-out before training:" in out and re.search(r"step 50/50 \|.*held-out aux_mlm", out)
     assert "curves: work/curves/first-look.csv" in out
     rows = (tmp_path / "work/curves/first-look.csv").read_text().splitlines()
-    assert rows[1].startswith("0,") and rows[-1].startswith("100,")
+    assert rows[1].startswith("0,") and rows[-1].startswith("50,")
     assert "\x1b[" not in out and "%|" not in out  # no colour codes, no progress-bar frames
