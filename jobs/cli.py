@@ -57,7 +57,6 @@ class Range(typing.NamedTuple):
 POSITIVE = Range(0, None, low_open=True)
 AT_LEAST_ONE = Range(1)
 NON_NEGATIVE = Range(0)
-FRACTION = Range(0, 1)
 PROBABILITY = Range(0, 1, high_open=True)  # a dropout or Adam beta of 1 is degenerate
 OPEN_FRACTION = Range(0, 1, low_open=True)  # a mask rate or a sample of 0 leaves nothing
 

@@ -14,14 +14,14 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
-from model.step import AdamW, OptimizerConfig
+from model.step import OptimizerConfig
 
 from jobs.cli import (AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, PROBABILITY, Range, UserError,
                       read_yaml)
@@ -156,7 +156,7 @@ def variant_overlays(name: str) -> dict[str, dict[str, Any]]:
     path = VARIANT_FILES / f"{name}.yaml"
     if not path.is_file():
         raise UserError(f"unknown variant {name!r}; choose one of {available_variants()}")
-    raw = _mapping(path, read_yaml(path))
+    raw = _mapping(path, read_yaml(path), scalars=("extends",))
     base = raw.pop("extends", "cocolm")
     if base not in VARIANTS:
         raise UserError(f"{path}: extends {base!r}, which is not a built-in variant ({sorted(VARIANTS)})")
@@ -167,11 +167,12 @@ def variant_overlays(name: str) -> dict[str, dict[str, Any]]:
     return {section: {**inherited[section], **(raw.get(section) or {})} for section in SECTIONS}
 
 
-def _mapping(path: Path, raw: Any) -> dict[str, Any]:
-    """A preset's or variant's top level: sections, each a mapping of keys."""
+def _mapping(path: Path, raw: Any, scalars: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A preset's or variant's top level: sections, each a mapping of keys (and the plain values named
+    in `scalars`, such as a variant's `extends`)."""
     raw = raw or {}
-    bad = [k for k, v in raw.items() if v is not None and not isinstance(v, dict)] if isinstance(raw, dict) else None
-    if bad is None or bad and bad != ["extends"]:
+    if not isinstance(raw, dict) or any(v is not None and not isinstance(v, dict)
+                                        for k, v in raw.items() if k not in scalars):
         raise UserError(f"{path}: expected sections of keys (e.g. 'train:' then indented 'max_steps: 40'), "
                         f"found {raw!r:.80}")
     return dict(raw)

@@ -97,13 +97,12 @@ def check_compile_toolchain(cfg: PretrainConfig) -> None:
     compiler = os.environ.get("CXX", "g++")  # what inductor looks for on Linux
     if cfg.cluster.gpus_per_worker or shutil.which(compiler) is not None:
         return
-    if cfg.train.compile:
-        raise UserError(f"train.compile=true on CPU workers needs a C++ compiler for torch.compile, and "
-                        f"{compiler!r} is not on PATH: install g++ (or set CXX), or --set train.compile=false")
-    if cfg.train.compile_step != "off":
-        raise UserError(f"train.compile_step={cfg.train.compile_step} on CPU workers needs a C++ compiler for "
-                        f"torch.compile, and {compiler!r} is not on PATH: install g++ (or set CXX), or "
-                        "--set train.compile_step=off")
+    for setting, needs, off in (("train.compile=true", cfg.train.compile, "train.compile=false"),
+                                (f"train.compile_step={cfg.train.compile_step}", cfg.train.compile_step != "off",
+                                 "train.compile_step=off")):
+        if needs:
+            raise UserError(f"{setting} on CPU workers needs a C++ compiler for torch.compile, and {compiler!r} "
+                            f"is not on PATH: install g++ (or set CXX), or --set {off}")
 
 
 def check_aux_checkpoint(cfg: PretrainConfig) -> None:
