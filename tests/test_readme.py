@@ -50,6 +50,9 @@ COMMANDS = {
         "the same command as the study-cpu pack above, at the study preset's length",
     r"^python -m pytest -m gpu|^python -m pytest tests/test_triton_attention\.py|^python -m model\.bench --preset base":
         "GPU (the README's 'On a GPU' section)",
+    r"^python -m model\.kernels\.resources$":
+        "tests/test_triton_attention.py::test_every_tuned_tile_compiles_for_an_h100_and_fits_its_shared_memory "
+        "(its report, at the default problem)",
 }
 
 

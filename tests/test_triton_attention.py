@@ -299,6 +299,28 @@ def small_encoder(**overrides) -> Encoder:
     return Encoder(ModelConfig(**{**shape, **overrides}).main)
 
 
+@kernel_test
+def test_the_tuned_kernels_time_their_tiles_and_count_the_bias_gradient_once():
+    """Without `blocks` each kernel times its tiles (`TILES` on a GPU, two small ones under the
+    interpreter) at its first call per problem kind, then runs the fastest. The timing runs add into the
+    bias gradient's buffer: it must be zeroed again before the real run, or the gradient counts twice."""
+    seq_len = 33  # a T no other test uses: a new tuning key
+    q, k, v, relative, mask = attention_problem(seq_len, [seq_len, 20])
+    seed = torch.tensor(21, dtype=torch.int64, device=DEVICE)
+    fast = kernels.relative_attention(q, k, v, relative.by_distance(seq_len), mask, 0.25, seed)
+    keep = kernels.dropout_keep_mask(seed, 2, 2, seq_len, 0.25)
+    slow = reference(q, k, v, relative, mask, 0.25, keep)
+    assert_close("out", fast, slow, torch.float32)
+    inputs = [q, k, v, relative.table.weight]
+    for name, a, b in zip(["q", "k", "v", "bias table"], torch.autograd.grad(loss_of(fast), inputs),
+                          torch.autograd.grad(loss_of(slow), inputs)):
+        assert_close(name, a, b, torch.float32)
+    tiles = kernels.INTERPRETER_TILES if INTERPRETED else kernels.TILES["forward"]
+    assert len(tiles) > 1
+    for tuned in (kernels._forward_tuned, kernels._dkdv_tuned, kernels._dq_tuned):
+        assert any(key[0] == seq_len for key in tuned.cache), tuned.cache  # timed for this T, choice kept
+
+
 def padded_ids(seq_len: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(1)
     ids = torch.randint(5, 60, (2, seq_len))
@@ -332,6 +354,37 @@ def test_encoder_triton_path_equals_the_reference_path():
     torch.manual_seed(3)
     assert torch.equal(first, enc(ids, mask))
     assert not torch.equal(first, enc(ids, mask))
+
+
+# ----------------------------------------------------------------------------- compiled ahead of time
+
+needs_the_compiler = pytest.mark.skipif(INTERPRETED, reason="TRITON_INTERPRET=1: kernels are interpreted, not compiled")
+
+
+@needs_the_compiler
+def test_every_tuned_tile_compiles_for_an_h100_and_fits_its_shared_memory():
+    """No GPU needed: Triton compiles for sm_90 here. Each kernel at each tile its tuning may pick, as
+    base trains (bf16, head size 64, relative bias, attention dropout), compiles to a binary whose shared
+    memory fits an H100's block; registers and spills are read from the binary."""
+    from model.kernels import attention as kernels, resources
+
+    lines, ok = resources.report(90, resources.Problem())
+    assert ok, "\n".join(lines)
+    assert len(lines) == sum(len(tiles) for tiles in kernels.TILES.values())
+    assert all("registers" in line and "?" not in line for line in lines), lines
+
+
+@needs_the_compiler
+def test_the_resource_report_fails_a_tile_beyond_the_shared_memory(monkeypatch, capsys):
+    """64 x 64 needs 32,768 B for the forward at sm_90, 32 x 32 needs 14,336 B: with 30,000 B, one fails."""
+    from model.kernels import resources
+
+    monkeypatch.setattr(resources, "SHARED_MEMORY_PER_BLOCK", {90: 30_000})
+    monkeypatch.setattr(resources.kernels, "TILES", {"forward": ((64, 64, 4, 2), (32, 32, 4, 2))})
+    assert resources.main(["--arch", "90"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    over = [line for line in lines if "> 30,000" in line]
+    assert len(over) == 1 and over[0].startswith("forward   64 x 64"), lines
 
 
 # ----------------------------------------------------------------------------- the choice, the fallback, the bench

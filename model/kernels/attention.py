@@ -38,13 +38,14 @@ and the op raises, naming the cause. On CPU the kernels run under Triton's inter
 TRITON_INTERPRET=1 was set before triton was first imported (the CPU tests do that in a child
 process); the interpreter is exact in fp32 and fp16, not in bf16 (triton-lang/triton#11584).
 
-Not timed on a GPU yet: the tiles (`default_blocks`), warps and stages are first choices, not
-measurements.
+Each kernel is autotuned among a few tiles (`TILES`), chosen from their resources compiled ahead of time
+for sm_90 without a GPU (`python -m model.kernels.resources`); none of it is timed on a GPU yet.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Optional
 
 import torch
@@ -53,6 +54,7 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
+    import triton.testing
 except ImportError as error:  # the CPU wheel of torch does not bring triton; `import model` must still work
     triton = tl = None
     TRITON_MISSING: str | None = f"{type(error).__name__}: {error}"
@@ -301,17 +303,74 @@ def _keep_mask_kernel(SEED, OUT, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: t
              mask=(offs_m < T)[:, None] & (offs_n < T)[None, :])
 
 
-# ----------------------------------------------------------------------------- launching
+# ----------------------------------------------------------------------------- tiles
 
-def default_blocks(device: torch.device) -> tuple[int, int]:
-    """(query block, key block) used by all three kernels. On a GPU 64 x 64 (fits the shared memory
-    of any recent GPU at d <= 128 with 2 stages; not tuned on a GPU yet); under the interpreter 32 x 32."""
-    return (64, 64) if device.type == "cuda" else (32, 32)
+# The tiles each kernel's autotuning times on a GPU, as (query block, key block, warps, stages), at its first
+# call per (T, head size, dtype, bias, padding, dropout; and the bias-gradient reduction for dK/dV). Chosen
+# without a GPU, from the kernels compiled ahead of time for sm_90 (bf16, head size 64, bias and dropout;
+# `python -m model.kernels.resources` prints each one's shared memory, registers and spills): every one
+# compiles and fits, and all but the first two of dK/dV and the first of the forward use no local memory
+# for spilled registers. 64 x 64 with 4 warps, the one choice before tuning, stays in every list for the
+# timing to judge. Not timed on a GPU yet (docs/design.md section 7.2).
+TILES = {
+    "forward": ((64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (32, 128, 8, 2)),
+    "dkdv": ((64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 8, 3), (64, 32, 8, 2), (128, 32, 8, 1), (32, 32, 8, 2)),
+    "dq": ((64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 1), (64, 32, 8, 2), (32, 128, 8, 2), (128, 32, 8, 2)),
+}
+# Under the interpreter (the CPU tests) two small tiles, so that the tests run the tuning path itself: the
+# choice, and the bias gradient's buffer zeroed again after the timing runs added into it.
+INTERPRETER_TILES = ((32, 32, 4, 2), (16, 32, 4, 2))
+# What a tuned kernel's choice depends on, besides its tensors' dtypes (which the autotuner adds itself).
+TUNING_KEY = ["T", "HEAD_DIM", "HAS_BIAS", "HAS_MASK", "DROPOUT"]
 
 
 def interpreted() -> bool:
     """Whether the kernels run under Triton's interpreter (TRITON_INTERPRET=1 before triton's import)."""
     return TRITON_MISSING is None and not isinstance(_forward_kernel, triton.runtime.JITFunction)
+
+
+def _diagonals(block_m: int, block_n: int) -> int:
+    """The dK/dV kernel's skewed tile width: a power of two holding a tile's M + N - 1 diagonals."""
+    return triton.next_power_of_2(block_m + block_n - 1)
+
+
+def _launch_options(block_m: int, block_n: int) -> dict[str, int]:
+    """Warps and stages for explicitly given tiles (tests, the debugging mask); tuned launches take theirs
+    from `TILES`."""
+    return {"num_warps": 4 if block_m * block_n <= 64 * 64 else 8, "num_stages": 2}
+
+
+def _timing(kernel_call, quantiles):
+    """The autotuner's clock: Triton's benchmark on a GPU; under the interpreter, which has no device to
+    time, the wall clock of one call."""
+    if interpreted():
+        start = time.perf_counter()
+        kernel_call()
+        return [time.perf_counter() - start] * len(quantiles)
+    return triton.testing.do_bench(kernel_call, quantiles=quantiles)
+
+
+def _tuned(kernel, tiles: tuple[tuple[int, int, int, int], ...], diagonals: bool = False, **autotune):
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **({"DIAGONALS": _diagonals(m, n)} if diagonals else {})},
+                             num_warps=warps, num_stages=stages) for m, n, warps, stages in tiles]
+    return triton.autotune(configs, do_bench=_timing, **autotune)(kernel)
+
+
+if TRITON_MISSING is None:
+    _interpreter_or = (lambda tiles: INTERPRETER_TILES) if interpreted() else (lambda tiles: tiles)
+    _forward_tuned = _tuned(_forward_kernel, _interpreter_or(TILES["forward"]), key=TUNING_KEY)
+    # The timing runs add into DBIAS: the autotuner zeroes it before each of them and before the real run.
+    _dkdv_tuned = _tuned(_backward_dkdv_kernel, _interpreter_or(TILES["dkdv"]), diagonals=True,
+                         key=TUNING_KEY + ["BIAS_GRAD"], reset_to_zero=["DBIAS"])
+    _dq_tuned = _tuned(_backward_dq_kernel, _interpreter_or(TILES["dq"]), key=TUNING_KEY)
+
+
+def _kernel_at(tuned, kernel, block_m: int, block_n: int, diagonals: bool = False):
+    """(kernel, its tile meta-parameters): the tuned kernel for blocks (0, 0), else `kernel` at these tiles."""
+    if block_m == 0:
+        return tuned, {}
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **_launch_options(block_m, block_n)}
+    return kernel, ({**meta, "DIAGONALS": _diagonals(block_m, block_n)} if diagonals else meta)
 
 
 def _check_runnable(device: torch.device) -> None:
@@ -320,10 +379,6 @@ def _check_runnable(device: torch.device) -> None:
     if device.type != "cuda" and not interpreted():
         raise RuntimeError("the Triton attention kernel runs on CUDA devices, or on CPU under Triton's interpreter "
                            "(TRITON_INTERPRET=1 set before triton is first imported)")
-
-
-def _launch_options(block_m: int, block_n: int) -> dict[str, int]:
-    return {"num_warps": 4 if block_m * block_n <= 64 * 64 else 8, "num_stages": 2}
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -358,14 +413,14 @@ def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tupl
     out = _transposed_like(q)
     lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device)
     bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
-    grid = (triton.cdiv(seq_len, block_m), batch * heads)
-    _forward_kernel[grid](
+    kernel, tiles = _kernel_at(_forward_tuned, _forward_kernel, block_m, block_n)
+    kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
         q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
         heads, seq_len, 1.0 / math.sqrt(dim), float(dropout_p),
-        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
         HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
-        PRECISION=_precision(q.dtype), **_launch_options(block_m, block_n),
+        PRECISION=_precision(q.dtype), **tiles,
     )
     return out, lse
 
@@ -377,23 +432,25 @@ def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m,
     delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, heads, T): rowsum(dO * O)
     dq, dk, dv = _transposed_like(q), _transposed_like(k), _transposed_like(v)
     bias_grad = {"none": 0, "diagonal": 1, "elementwise": 2}[bias_gradient if bias is not None else "none"]
-    dbias = (torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_grad
-             else q.new_empty((0,), dtype=torch.float32))
+    # without a bias to learn, an empty buffer the kernel never touches (and tuning may zero)
+    dbias = torch.zeros(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device)
     bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
-    shared = dict(HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_m, BLOCK_N=block_n,
+    shared = dict(HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
                   HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
-                  PRECISION=_precision(q.dtype), **_launch_options(block_m, block_n))
+                  PRECISION=_precision(q.dtype))
     sm_scale = 1.0 / math.sqrt(dim)
-    _backward_dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * heads)](
-        q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias if bias_grad else q,
+    kernel, tiles = _kernel_at(_dkdv_tuned, _backward_dkdv_kernel, block_m, block_n, diagonals=True)
+    kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_N"]), batch * heads)](
+        q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        stride_bias, dbias.stride(0) if bias_grad else 0, stride_mask, heads, seq_len, sm_scale, float(dropout_p),
-        BIAS_GRAD=bias_grad, DIAGONALS=triton.next_power_of_2(block_m + block_n - 1), **shared,
+        stride_bias, dbias.stride(0), stride_mask, heads, seq_len, sm_scale, float(dropout_p),
+        BIAS_GRAD=bias_grad, **shared, **tiles,
     )
-    _backward_dq_kernel[(triton.cdiv(seq_len, block_m), batch * heads)](
+    kernel, tiles = _kernel_at(_dq_tuned, _backward_dq_kernel, block_m, block_n)
+    kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dq,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-        stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p), **shared,
+        stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p), **shared, **tiles,
     )
     return dq, dk, dv, dbias
 
@@ -405,7 +462,8 @@ def relative_attention_op(
     q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], key_mask: Optional[Tensor], seed: Optional[Tensor],
     dropout_p: float, block_m: int, block_n: int,
 ) -> tuple[Tensor, Tensor]:
-    """(out (B, heads, T, d), logsumexp per row (B, heads, T) fp32 in log2 units); see `relative_attention`."""
+    """(out (B, heads, T, d), logsumexp per row (B, heads, T) fp32 in log2 units); see `relative_attention`.
+    block_m = block_n = 0: each kernel runs at its tuned tiles (`TILES`)."""
     return _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n)
 
 
@@ -461,8 +519,9 @@ def relative_attention(
 
     `bias` (heads, 2T - 1), fp32 (cast if not), gets a gradient; `key_mask` (B, T) bool, True on real
     keys, None for none padded; `seed` an int64 scalar tensor on q's device (drawn from torch's
-    generator when None and dropout is on); `blocks` (query block, key block), powers of two >= 16
-    (`default_blocks`). The output is laid out as (B, T, heads, d) in memory.
+    generator when None and dropout is on); `blocks` (query block, key block), powers of two >= 16, for
+    all three kernels, or None: each kernel autotuned among its `TILES` at its first call per problem kind
+    (under the interpreter, among `INTERPRETER_TILES`). The output is laid out as (B, T, heads, d) in memory.
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -489,10 +548,9 @@ def relative_attention(
             raise ValueError(f"seed must be one int64 element, got {seed.dtype} with {seed.numel()} elements")
     else:
         seed = None
-    block_m, block_n = blocks or default_blocks(q.device)
-    for block in (block_m, block_n):
-        if block < 16 or block & (block - 1):
-            raise ValueError(f"blocks must be powers of two >= 16, got {blocks}")
+    block_m, block_n = blocks or (0, 0)
+    if blocks is not None and any(block < 16 or block & (block - 1) for block in blocks):
+        raise ValueError(f"blocks must be powers of two >= 16, got {blocks}")
     return relative_attention_op(q, k, v, bias, key_mask, seed, float(dropout_p), block_m, block_n)[0]
 
 
@@ -500,9 +558,10 @@ def dropout_keep_mask(
     seed: Tensor, batch: int, heads: int, seq_len: int, dropout_p: float, blocks: tuple[int, int] | None = None,
 ) -> Tensor:
     """(B, heads, T, T) bool: the probabilities the kernels keep for this seed (debugging and tests; it
-    materialises what the kernels never do). Kept values are scaled by 1 / (1 - dropout_p)."""
+    materialises what the kernels never do). Kept values are scaled by 1 / (1 - dropout_p). The mask does
+    not depend on the tiles; `blocks` only shows that."""
     _check_runnable(seed.device)
-    block_m, block_n = blocks or default_blocks(seed.device)
+    block_m, block_n = blocks or (32, 32)
     keep = torch.empty((batch, heads, seq_len, seq_len), dtype=torch.int8, device=seed.device)
     grid = (triton.cdiv(seq_len, block_m), triton.cdiv(seq_len, block_n), batch * heads)
     _keep_mask_kernel[grid](seed, keep, seq_len, float(dropout_p), BLOCK_M=block_m, BLOCK_N=block_n)
