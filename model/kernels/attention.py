@@ -107,6 +107,19 @@ def _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale,
 
 
 @_jit
+def _batch_and_head(H):
+    """This program's (batch x head) index, and its batch and head as int64 for the pointer offsets."""
+    bh = tl.program_id(1)
+    return bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+
+
+@_jit
+def _rows(BASE, b, h, stride_b, stride_h, stride_t, offs, offs_d):
+    """Pointers to the rows `offs` of one (batch, head)'s (T, d) matrix, its last dimension contiguous."""
+    return BASE + b * stride_b + h * stride_h + offs[:, None] * stride_t + offs_d[None, :]
+
+
+@_jit
 def _forward_kernel(
     Q, K, V, BIAS, KEY_MASK, SEED, OUT, LSE,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -116,17 +129,13 @@ def _forward_kernel(
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
+    bh, b, h = _batch_and_head(H)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < T
     d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+    q = tl.load(_rows(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, offs_d),
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    K_BH = K + b * stride_kb + h * stride_kh
-    V_BH = V + b * stride_vb + h * stride_vh
     BIAS_ROW = BIAS + h * stride_bias_h
     KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
     qk_scale = sm_scale * 1.4426950408889634
@@ -139,7 +148,7 @@ def _forward_kernel(
     for start_n in range(0, T, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
-        k = tl.load(K_BH + offs_n[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
         key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
         s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -149,13 +158,13 @@ def _forward_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser sums the probabilities before dropout
         if DROPOUT:
             p = tl.where(_keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N), p * keep_scale, 0.0)
-        v = tl.load(V_BH + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     has_key = l_i > 0
     l_i = tl.where(has_key, l_i, 1.0)
     out = acc / l_i[:, None]
-    tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+    tl.store(_rows(OUT, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d),
              out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     # log2 units; +inf on a row without a real key, so the backward's probabilities there are 0
     tl.store(LSE + bh.to(tl.int64) * T + offs_m, tl.where(has_key, m_i + tl.log2(l_i), float("inf")), mask=row_ok)
@@ -175,21 +184,15 @@ def _backward_dkdv_kernel(
     """dK, dV of one key block, walking every query block; the bias gradient of each tile reduced
     along its diagonals (BIAS_GRAD 1) or element by element (2) into DBIAS with atomics (0: none)."""
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
+    bh, b, h = _batch_and_head(H)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                mask=kv_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                mask=kv_mask, other=0.0)
+    k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
+    v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
     key_ok = _key_ok(KEY_MASK + b * stride_mask_b, offs_n, T, HAS_MASK)
-    Q_BH = Q + b * stride_qb + h * stride_qh
-    DO_BH = DO + b * stride_dob + h * stride_doh
     BIAS_ROW = BIAS + h * stride_bias_h
     DBIAS_ROW = DBIAS + h * stride_dbias_h
     qk_scale = sm_scale * 1.4426950408889634
@@ -209,8 +212,8 @@ def _backward_dkdv_kernel(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < T
         qd_mask = row_ok[:, None] & d_ok[None, :]
-        q = tl.load(Q_BH + offs_m[:, None] * stride_qt + offs_d[None, :], mask=qd_mask, other=0.0)
-        do = tl.load(DO_BH + offs_m[:, None] * stride_dot + offs_d[None, :], mask=qd_mask, other=0.0)
+        q = tl.load(_rows(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, offs_d), mask=qd_mask, other=0.0)
+        do = tl.load(_rows(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d), mask=qd_mask, other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
         s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
@@ -233,9 +236,9 @@ def _backward_dkdv_kernel(
         if BIAS_GRAD == 2:
             distance = offs_n[None, :] - offs_m[:, None] + T - 1
             tl.atomic_add(DBIAS_ROW + distance, ds, mask=row_ok[:, None] & (offs_n < T)[None, :], sem="relaxed")
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+    tl.store(_rows(DK, b, h, stride_dkb, stride_dkh, stride_dkt, offs_n, offs_d),
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+    tl.store(_rows(DV, b, h, stride_dvb, stride_dvh, stride_dvt, offs_n, offs_d),
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
@@ -250,22 +253,16 @@ def _backward_dq_kernel(
 ):
     """dQ of one query block, walking every key block (each program writes only its own rows)."""
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
+    bh, b, h = _batch_and_head(H)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < T
     d_ok = offs_d < HEAD_DIM
     qd_mask = row_ok[:, None] & d_ok[None, :]
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=qd_mask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
-                 mask=qd_mask, other=0.0)
+    q = tl.load(_rows(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, offs_d), mask=qd_mask, other=0.0)
+    do = tl.load(_rows(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d), mask=qd_mask, other=0.0)
     lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-    K_BH = K + b * stride_kb + h * stride_kh
-    V_BH = V + b * stride_vb + h * stride_vh
     BIAS_ROW = BIAS + h * stride_bias_h
     KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
     qk_scale = sm_scale * 1.4426950408889634
@@ -276,8 +273,8 @@ def _backward_dq_kernel(
     for start_n in range(0, T, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
-        k = tl.load(K_BH + offs_n[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V_BH + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
+        v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
         key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
         s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
         p = tl.exp2(s - lse[:, None])
@@ -286,7 +283,7 @@ def _backward_dq_kernel(
             dp = tl.where(_keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+    tl.store(_rows(DQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, offs_d),
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=qd_mask)
 
 
