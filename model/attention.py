@@ -16,7 +16,7 @@ implementations compute the same thing:
   (`flex_kernel_options`); on CPU torch only has the unfused reference path, which the tests use.
   The first flex call per configuration on a GPU compiles a small probe; if that fails, attention
   falls back to SDPA for the rest of the process with one warning naming the cause (`flex_works`).
-- 'triton' is our own fused kernel (`model.kernels.attention`): the bias by distance (heads, 2T - 1)
+- 'triton' is our own fused kernel (`model.kernels.attention`): the bias by distance (heads, 2S + 1)
   read per tile, padding keys as a (B, T) mask, attention dropout with Philox inside the kernel, and
   the bias gradient reduced inside the kernel; no (B, heads, T, T) tensor in forward or backward,
   with or without dropout. It needs triton (an optional import inside model.kernels) and a CUDA
@@ -92,6 +92,7 @@ class RelativePositionBias(nn.Module):
         self.num_buckets = cfg.rel_pos_buckets
         self.max_distance = cfg.rel_pos_max_distance
         self.table = nn.Embedding(cfg.rel_pos_buckets, cfg.num_heads)
+        self.saturation = saturation_distance(cfg.rel_pos_buckets, cfg.rel_pos_max_distance, cfg.max_positions)
 
     def forward(self, seq_len: int) -> torch.Tensor:
         positions = torch.arange(seq_len, device=self.table.weight.device)
@@ -101,12 +102,26 @@ class RelativePositionBias(nn.Module):
         return self.table(buckets).permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, heads, T, T)
 
     def by_distance(self, seq_len: int) -> torch.Tensor:
-        """(heads, 2T - 1): the bias of every distance key_pos - query_pos = -(T - 1) ... T - 1, entry
-        j - i + T - 1 for query i and key j, in the table's dtype (fp32). What the Triton kernel
-        reads; its gradient reaches the table through the ordinary embedding backward."""
-        relative = torch.arange(-(seq_len - 1), seq_len, device=self.table.weight.device)
+        """(heads, 2S + 1): the bias of the distances key_pos - query_pos = -S ... S, entry distance + S,
+        with S = min(`saturation`, T - 1): every pair farther apart shares the entry of -S or S (its
+        bucket is the same), so this is all of the (T, T) lookup. In the table's dtype (fp32). What the
+        Triton kernel reads; its gradient reaches the table through the ordinary embedding backward."""
+        reach = min(self.saturation, seq_len - 1)
+        relative = torch.arange(-reach, reach + 1, device=self.table.weight.device)
         buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
         return self.table(buckets).t().contiguous()
+
+
+@functools.cache
+def saturation_distance(num_buckets: int, max_distance: int, max_positions: int) -> int:
+    """The smallest distance S from which every longer one, up to the longest the encoder takes
+    (max_positions - 1), falls in the same bucket as S (per direction; the buckets are symmetric).
+    86 at the paper's 32 buckets and max distance 128. On the CPU whatever device a model is built on
+    (transformers builds remote-code models on the meta device)."""
+    distances = torch.arange(max(max_positions, 1), device="cpu")
+    buckets = relative_position_bucket(distances, num_buckets, max_distance)
+    differs = (buckets != buckets[-1]).nonzero()
+    return int(differs.max()) + 1 if len(differs) else 0
 
 
 # The memory-efficient SDPA kernel reads the mask with 16-element aligned rows; an unaligned mask is
@@ -384,7 +399,7 @@ def probe_flex(device: torch.device, heads: int, head_dim: int, dtype: torch.dty
 class TritonBias:
     """What the Triton kernel reads in place of the dense additive mask."""
 
-    distance_bias: torch.Tensor | None  # (heads, 2T - 1) fp32, `RelativePositionBias.by_distance`; None without it
+    distance_bias: torch.Tensor | None  # (heads, 2S + 1) fp32, `RelativePositionBias.by_distance`; None without it
     key_mask: torch.Tensor | None  # (B, T) bool, True on real keys; None: no padding anywhere
 
 

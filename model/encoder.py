@@ -143,7 +143,7 @@ class Encoder(nn.Module):
         self.attention_ran["training" if torch.is_grad_enabled() else "no-grad"] = implementation
         padding = None if all_real else attention_mask.bool()
         if implementation == "triton":
-            # the bias per distance, (h, 2T - 1): no (h, T, T) lookup at all
+            # the bias per distance, (h, 2S + 1): no (h, T, T) lookup at all
             distance_bias = self.relative_bias.by_distance(seq_len) if self.relative_bias is not None else None
             bias = TritonBias(distance_bias, padding)
         else:

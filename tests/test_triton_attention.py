@@ -167,46 +167,58 @@ def assert_close(name: str, fast: torch.Tensor, slow: torch.Tensor, dtype: torch
         assert relative_error(fast, slow) < 3e-3, (name, relative_error(fast, slow))
 
 
-# (T, lengths, dtype, dropout, blocks, relative bias, bias gradient reduction). T not a multiple of
-# the blocks everywhere; padded rows; T = 70 with max_distance 16 reaches the saturated far buckets;
-# query and key blocks of different sizes; the elementwise reduction once, for comparison.
+# (T, lengths, dtype, dropout, blocks, bias, bias gradient reduction). T not a multiple of the blocks
+# everywhere; padded rows; query and key blocks of different sizes; the elementwise reduction once, for
+# comparison. The bias: "table", the encoder's (max_distance 16: from distance 14 on one bucket, so tiles
+# lie beyond it, across it and within it; T = 70 reaches far beyond); "every distance", a free bias of
+# each distance, (heads, 2T - 1), that never saturates; None.
 CASES = {
-    "fp32-T17-packed": (17, [17, 17], torch.float32, 0.0, (16, 16), True, "diagonal"),
-    "fp32-T40-padded-dropout": (40, [40, 23], torch.float32, 0.25, (16, 16), True, "diagonal"),
-    "fp32-T40-padded-dropout-elementwise": (40, [40, 23], torch.float32, 0.25, (16, 16), True, "elementwise"),
-    "fp32-T70-far-buckets-dropout": (70, [70, 33], torch.float32, 0.1, (32, 16), True, "diagonal"),
-    "fp16-T40-padded-dropout": (40, [40, 23], torch.float16, 0.25, (16, 32), True, "diagonal"),
-    "fp16-T17-packed": (17, [17, 17], torch.float16, 0.0, (16, 16), True, "diagonal"),
-    "fp32-T17-no-bias-dropout": (17, [17, 9], torch.float32, 0.25, (16, 16), False, "diagonal"),
+    "fp32-T17-packed": (17, [17, 17], torch.float32, 0.0, (16, 16), "table", "diagonal"),
+    "fp32-T40-padded-dropout": (40, [40, 23], torch.float32, 0.25, (16, 16), "table", "diagonal"),
+    "fp32-T40-padded-dropout-elementwise": (40, [40, 23], torch.float32, 0.25, (16, 16), "table", "elementwise"),
+    "fp32-T70-far-buckets-dropout": (70, [70, 33], torch.float32, 0.1, (32, 16), "table", "diagonal"),
+    "fp32-T40-every-distance-dropout": (40, [40, 31], torch.float32, 0.25, (16, 32), "every distance", "diagonal"),
+    "fp16-T40-padded-dropout": (40, [40, 23], torch.float16, 0.25, (16, 32), "table", "diagonal"),
+    "fp16-T17-packed": (17, [17, 17], torch.float16, 0.0, (16, 16), "table", "diagonal"),
+    "fp32-T17-no-bias-dropout": (17, [17, 9], torch.float32, 0.25, (16, 16), None, "diagonal"),
 }
+
+
+def pairwise_of(by_distance: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(1, heads, T, T) from a bias of every distance, (heads, 2T - 1): entry j - i + T - 1 for (i, j)."""
+    i, j = torch.meshgrid(torch.arange(seq_len), torch.arange(seq_len), indexing="ij")
+    return by_distance[:, (j - i + seq_len - 1).to(by_distance.device)].unsqueeze(0)
 
 
 @pytest.mark.parametrize("case", CASES)
 @kernel_test
 def test_forward_and_every_gradient_equal_the_reference_with_the_same_dropout_mask(case, monkeypatch):
-    seq_len, lengths, dtype, dropout_p, blocks, with_bias, reduction = CASES[case]
+    seq_len, lengths, dtype, dropout_p, blocks, bias_kind, reduction = CASES[case]
     monkeypatch.setattr(kernels, "BIAS_GRADIENT", reduction)
     q, k, v, relative, mask = attention_problem(seq_len, lengths, dtype)
-    if seq_len == 70:  # the far buckets saturate: every distance from 16 on shares one bucket
-        assert relative_position_bucket(torch.arange(16, 70), 32, 16).unique().numel() == 1
+    if seq_len == 70:  # the far buckets saturate: every distance from 14 on shares one bucket
+        assert relative.saturation == 14
+        assert relative_position_bucket(torch.arange(14, 70), 32, 16).unique().numel() == 1
     seed = torch.tensor(1234, dtype=torch.int64, device=DEVICE)
-    bias = relative.by_distance(seq_len) if with_bias else None
+    learned = {"table": relative.table.weight,
+               "every distance": torch.randn(q.shape[1], 2 * seq_len - 1, device=DEVICE, requires_grad=True),
+               None: None}[bias_kind]
+    bias = relative.by_distance(seq_len) if bias_kind == "table" else learned
     fast = kernels.relative_attention(q, k, v, bias, mask, dropout_p, seed, blocks)
     # the mask exported at other blocks (the default) is the one the kernel used at `blocks`
     keep = kernels.dropout_keep_mask(seed, len(lengths), q.shape[1], seq_len, dropout_p) if dropout_p else None
-    if with_bias:
-        slow = reference(q, k, v, relative, mask, dropout_p, keep)
-    else:
-        slow = reference_attention(q.float(), k.float(), v.float(), attention_bias(mask, None, torch.float32),
-                                   dropout_p, keep)
+    pairwise = (relative(seq_len) if bias_kind == "table" else
+                pairwise_of(learned, seq_len) if bias_kind == "every distance" else None)
+    slow = reference_attention(q.float(), k.float(), v.float(), attention_bias(mask, pairwise, torch.float32),
+                               dropout_p, keep)
     assert fast.dtype == dtype and fast.shape == q.shape
     assert_close("out", fast, slow, dtype)
-    inputs = [q, k, v] + ([relative.table.weight] if with_bias else [])
+    inputs = [q, k, v] + ([learned] if learned is not None else [])
     g_fast = torch.autograd.grad(loss_of(fast), inputs)
     g_slow = torch.autograd.grad(loss_of(slow), inputs)
-    for name, a, b in zip(["q", "k", "v", "bias table"], g_fast, g_slow):
+    for name, a, b in zip(["q", "k", "v", "bias"], g_fast, g_slow):
         assert_close(name, a, b, dtype)
-    if with_bias:
+    if learned is not None:
         assert g_fast[3].abs().sum() > 0
 
 
@@ -401,15 +413,22 @@ def fresh_triton_state(monkeypatch):
 
 
 def test_the_bias_by_distance_is_the_pairwise_lookup_on_its_diagonals():
-    """What the kernel reads, entry j - i + T - 1, is what the SDPA path looks up for (i, j)."""
+    """What the kernel reads, entry clamp(j - i, -S, S) + S, is what the SDPA path looks up for (i, j):
+    from S on, every distance shares one bucket (per direction), so the short vector holds it all."""
     relative = RelativePositionBias(ModelConfig(vocab_size=10, hidden_size=32, num_heads=2, ffn_size=8,
                                                 rel_pos_max_distance=16).main)
     torch.nn.init.normal_(relative.table.weight)
-    seq_len = 45
-    pairwise, by_distance = relative(seq_len)[0], relative.by_distance(seq_len)  # (h, T, T), (h, 2T - 1)
-    i, j = torch.meshgrid(torch.arange(seq_len), torch.arange(seq_len), indexing="ij")
-    assert by_distance.shape == (2, 2 * seq_len - 1) and by_distance.is_contiguous()
-    assert torch.equal(by_distance[:, j - i + seq_len - 1], pairwise)
+    reach = relative.saturation
+    far = relative_position_bucket(torch.arange(reach - 1, 512), 32, 16)
+    assert far[0] != far[1] and (far[1:] == far[1]).all()  # S is the first distance of the last bucket
+    for seq_len in (45, 9):  # beyond S, and shorter than S (then every distance has its entry)
+        pairwise, by_distance = relative(seq_len)[0], relative.by_distance(seq_len)  # (h, T, T), (h, 2S + 1)
+        used = min(reach, seq_len - 1)
+        i, j = torch.meshgrid(torch.arange(seq_len), torch.arange(seq_len), indexing="ij")
+        assert by_distance.shape == (2, 2 * used + 1) and by_distance.is_contiguous()
+        assert torch.equal(by_distance[:, (j - i).clamp(-used, used) + used], pairwise)
+    paper = RelativePositionBias(ModelConfig(vocab_size=10, hidden_size=32, num_heads=2, ffn_size=8).main)
+    assert paper.saturation == 86  # 32 buckets, max distance 128: 173 entries instead of 1,023 at T = 512
 
 
 def test_auto_picks_triton_on_cuda_in_training_and_eval_and_sdpa_elsewhere():

@@ -7,14 +7,16 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
 
 - **Inputs.** q, k, v (B, heads, T, d) in fp16, bf16 or fp32, last dimension contiguous (the encoder's
   q, k, v are views of one fused projection; they are read in place); the relative bias by distance,
-  (heads, 2T - 1) fp32, entry j - i + T - 1 for query i and key j, gathered in torch from the bucket
-  table (`RelativePositionBias.by_distance`) so that the table's gradient flows through torch; the
+  (heads, 2S + 1) fp32, entry clamp(j - i, -S, S) + S for query i and key j, gathered in torch from the
+  bucket table (`RelativePositionBias.by_distance`) so that the table's gradient flows through torch:
+  S is the distance from which the buckets saturate (86 at the paper's 32 buckets and 128 positions),
+  so farther pairs share its entry; the
   real keys as a (B, T) bool mask (None: no padding); the dropout probability; and a seed *tensor*
   (an int64 scalar on the device, drawn from torch's generator when not given), so a replayed CUDA
   graph draws a new mask on each replay and `torch.manual_seed` makes runs repeat.
 - **Forward.** Per (batch, head) and block of queries, a loop over key blocks with the online
-  softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2T - 1) row; padding
-  keys get -inf. Dropout multiplies the probabilities after the softmax's normaliser is taken (the
+  softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2S + 1) row, and a tile
+  whose every pair is farther apart than S on one side adds a single value; padding keys get -inf. Dropout multiplies the probabilities after the softmax's normaliser is taken (the
   normaliser sums the undropped probabilities), kept values scaled by 1 / (1 - p) as torch's
   dropout does. The mask is Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed,
   with a counter that is the flat index of the group's first element in (B, heads, T, T): it depends
@@ -24,10 +26,10 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
   over key blocks (each program owns a key block and walks the query blocks), dQ in another (each
   program owns a query block and walks the key blocks): no atomics for dQ. The bias gradient is
   reduced inside each (query, key) tile of the dK/dV loop along its diagonals (each (i, j) adds to
-  distance index j - i + T - 1; a tile of M x N has M + N - 1 diagonals, summed with `tl.gather` and
-  one column sum) and added with M + N - 1 `tl.atomic_add`s per tile into a (heads, 2T - 1) fp32
-  buffer (`BIAS_GRADIENT = "elementwise"`: one atomic per element, the simple reduction, kept to
-  compare on a GPU).
+  entry clamp(j - i, -S, S) + S; a tile of M x N has M + N - 1 diagonals, summed with `tl.gather` and
+  one column sum) and added with M + N - 1 `tl.atomic_add`s per tile into a (heads, 2S + 1) fp32
+  buffer; a tile beyond S on one side adds its whole sum with one atomic (`BIAS_GRADIENT =
+  "elementwise"`: one atomic per element, the simple reduction, kept to compare on a GPU).
 - **Rows without a real key** (a row of padding only) give 0 and no gradient; SDPA and the
   reference give NaN there.
 
@@ -95,14 +97,36 @@ def _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK: tl.constexpr):
 
 
 @_jit
-def _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale,
-            HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) logits in log2 units: (q k^T / sqrt(d) + bias[j - i]) * log2(e), -inf on
-    keys that are padding or past T."""
+def _entry(distance, S):
+    """The entry of the bias by distance that a key-minus-query `distance` reads: distances are clamped to
+    [-S, S], so a pair farther apart than S reads the last bucket's entry on its side."""
+    return tl.minimum(tl.maximum(distance, -S), S) + S
+
+
+@_jit
+def _add_by_distance(DBIAS_ROW, values, distance, valid, S):
+    """Atomically add `values` (one per distance) into the bias gradient by distance. Distances beyond S
+    on a side share the entry of -S or S: their values are summed first and added once, by the lane of
+    the nearest such distance, so a tile beyond S adds one value, not M + N - 1 to one address."""
+    left = distance <= -S
+    right = (distance >= S) & (distance > 0)  # with S = 0, distance 0 counts on the left only
+    right_sum = tl.sum(tl.where(right & valid, values, 0.0), axis=0)
+    left_sum = tl.sum(tl.where(left & valid, values, 0.0), axis=0)
+    nearest_right = tl.min(tl.where(right & valid, distance, 2147483647), axis=0)
+    nearest_left = tl.max(tl.where(left & valid, distance, -2147483647), axis=0)
+    values = tl.where(right, right_sum, tl.where(left, left_sum, values))
+    once = tl.where(right, distance == nearest_right, tl.where(left, distance == nearest_left, True))
+    tl.atomic_add(DBIAS_ROW + _entry(distance, S), values, mask=valid & once, sem="relaxed")
+
+
+@_jit
+def _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) logits in log2 units: (q k^T / sqrt(d) + bias[j - i]) * log2(e), -inf on keys
+    that are padding or past T. In a tile whose pairs all lie beyond S on one side every lane reads the
+    same entry: one broadcast load, no branch (a branch here made the compiled kernels spill)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     if HAS_BIAS:
-        distance = offs_n[None, :] - offs_m[:, None] + T - 1
-        s += tl.load(BIAS_ROW + distance, mask=row_ok[:, None] & (offs_n < T)[None, :], other=0.0) * 1.4426950408889634
+        s += tl.load(BIAS_ROW + _entry(offs_n[None, :] - offs_m[:, None], S)) * 1.4426950408889634
     return tl.where(key_ok[None, :], s, float("-inf"))
 
 
@@ -124,7 +148,7 @@ def _forward_kernel(
     Q, K, V, BIAS, KEY_MASK, SEED, OUT, LSE,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
     stride_ob, stride_oh, stride_ot, stride_bias_h, stride_mask_b,
-    H, T, sm_scale, dropout_p,
+    H, T, S, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -150,7 +174,7 @@ def _forward_kernel(
         kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
         k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
         key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
-        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
+        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no real key yet: keep exp2 finite
         p = tl.exp2(s - m_use[:, None])
@@ -176,7 +200,7 @@ def _backward_dkdv_kernel(
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
     stride_dob, stride_doh, stride_dot, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
     stride_bias_h, stride_dbias_h, stride_mask_b,
-    H, T, sm_scale, dropout_p,
+    H, T, S, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DIAGONALS: tl.constexpr,
     HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
@@ -216,7 +240,7 @@ def _backward_dkdv_kernel(
         do = tl.load(_rows(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d), mask=qd_mask, other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
+        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS, PRECISION)
         p = tl.exp2(s - lse[:, None])  # the softmax, (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dL/d(dropped probabilities)
         if DROPOUT:
@@ -230,12 +254,10 @@ def _backward_dkdv_kernel(
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         if BIAS_GRAD == 1:
             diagonal = tl.sum(tl.where(on_tile, tl.gather(ds, skewed, axis=1), 0.0), axis=0)  # (DIAGONALS,)
-            distance = start_n - start_m - (BLOCK_M - 1) + columns + T - 1
-            ok = (columns < BLOCK_M + BLOCK_N - 1) & (distance >= 0) & (distance < 2 * T - 1)
-            tl.atomic_add(DBIAS_ROW + distance, diagonal, mask=ok, sem="relaxed")
+            _add_by_distance(DBIAS_ROW, diagonal, start_n - start_m - (BLOCK_M - 1) + columns,
+                             columns < BLOCK_M + BLOCK_N - 1, S)
         if BIAS_GRAD == 2:
-            distance = offs_n[None, :] - offs_m[:, None] + T - 1
-            tl.atomic_add(DBIAS_ROW + distance, ds, mask=row_ok[:, None] & (offs_n < T)[None, :], sem="relaxed")
+            tl.atomic_add(DBIAS_ROW + _entry(offs_n[None, :] - offs_m[:, None], S), ds, sem="relaxed")
     tl.store(_rows(DK, b, h, stride_dkb, stride_dkh, stride_dkt, offs_n, offs_d),
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(_rows(DV, b, h, stride_dvb, stride_dvh, stride_dvt, offs_n, offs_d),
@@ -247,7 +269,7 @@ def _backward_dq_kernel(
     Q, K, V, BIAS, KEY_MASK, SEED, DO, LSE, DELTA, DQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
     stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt, stride_bias_h, stride_mask_b,
-    H, T, sm_scale, dropout_p,
+    H, T, S, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -276,7 +298,7 @@ def _backward_dq_kernel(
         k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
         v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
         key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
-        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, row_ok, key_ok, T, qk_scale, HAS_BIAS, PRECISION)
+        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS, PRECISION)
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
@@ -394,6 +416,11 @@ def _last_contiguous(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _reach(bias: Tensor | None) -> int:
+    """S of a (heads, 2S + 1) bias by distance: the distance from which it no longer changes."""
+    return 0 if bias is None else (bias.shape[1] - 1) // 2
+
+
 def _optional_args(q: Tensor, bias: Tensor | None, key_mask: Tensor | None, seed: Tensor | None):
     """Pointers for the optional inputs (q stands in for an absent one: the kernel never reads it)."""
     bias_arg = q if bias is None else bias
@@ -414,7 +441,7 @@ def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tupl
     kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
         q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
-        heads, seq_len, 1.0 / math.sqrt(dim), float(dropout_p),
+        heads, seq_len, _reach(bias), 1.0 / math.sqrt(dim), float(dropout_p),
         HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
         HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
         PRECISION=_precision(q.dtype), **tiles,
@@ -440,14 +467,14 @@ def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m,
     kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_N"]), batch * heads)](
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        stride_bias, dbias.stride(0), stride_mask, heads, seq_len, sm_scale, float(dropout_p),
+        stride_bias, dbias.stride(0), stride_mask, heads, seq_len, _reach(bias), sm_scale, float(dropout_p),
         BIAS_GRAD=bias_grad, **shared, **tiles,
     )
     kernel, tiles = _kernel_at(_dq_tuned, _backward_dq_kernel, block_m, block_n)
     kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dq,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-        stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p), **shared, **tiles,
+        stride_bias, stride_mask, heads, seq_len, _reach(bias), sm_scale, float(dropout_p), **shared, **tiles,
     )
     return dq, dk, dv, dbias
 
@@ -476,7 +503,7 @@ def relative_attention_backward_op(
     key_mask: Optional[Tensor], seed: Optional[Tensor], dropout_p: float, block_m: int, block_n: int,
     bias_gradient: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dbias); dbias is (heads, 2T - 1) fp32, or empty when there is no bias to learn."""
+    """(dq, dk, dv, dbias); dbias is (heads, 2S + 1) fp32 like the bias, or empty when there is no bias to learn."""
     return _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient)
 
 
@@ -514,7 +541,10 @@ def relative_attention(
 ) -> Tensor:
     """dropout(softmax(q k^T / sqrt(d) + bias[:, j - i + T - 1] + padding)) v, fused; (B, heads, T, d).
 
-    `bias` (heads, 2T - 1), fp32 (cast if not), gets a gradient; `key_mask` (B, T) bool, True on real
+    `bias` (heads, 2S + 1), fp32 (cast if not), gets a gradient: the bias of each key-minus-query
+    distance -S .. S at entry distance + S; a pair farther apart than S reads the entry of -S or S (the
+    last buckets: `RelativePositionBias.by_distance` gives the S from which they saturate; a bias of
+    every distance is S = T - 1). `key_mask` (B, T) bool, True on real
     keys, None for none padded; `seed` an int64 scalar tensor on q's device (drawn from torch's
     generator when None and dropout is on); `blocks` (query block, key block), powers of two >= 16, for
     all three kernels, or None: each kernel autotuned among its `TILES` at its first call per problem kind
@@ -531,8 +561,8 @@ def relative_attention(
     if dim > 256:
         raise ValueError(f"head size {dim} is above the kernel's 256")
     if bias is not None:
-        if tuple(bias.shape) != (heads, 2 * seq_len - 1):
-            raise ValueError(f"bias must be (heads, 2T - 1) = ({heads}, {2 * seq_len - 1}), got {tuple(bias.shape)}")
+        if bias.dim() != 2 or bias.shape[0] != heads or bias.shape[1] % 2 == 0:
+            raise ValueError(f"bias must be (heads, 2S + 1) = ({heads}, odd), got {tuple(bias.shape)}")
         bias = _last_contiguous(bias.float())
     if key_mask is not None:
         if tuple(key_mask.shape) != (batch, seq_len) or key_mask.dtype != torch.bool:

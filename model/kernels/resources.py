@@ -73,7 +73,7 @@ def constants(kind: str, problem: Problem, tile: tuple[int, int, int, int]) -> d
 def signature(function, dtype: str, constexprs: dict) -> dict[str, str]:
     """Each argument's Triton type, by the kernels' naming: upper case are pointers (q, k, v, the output
     and their gradients in the problem's dtype; the bias, statistics and bias gradient fp32; the padding
-    mask bytes; the seed int64), `stride_*`, H and T are int32 and the two scales fp32."""
+    mask bytes; the seed int64), `stride_*`, H, T and S are int32 and the two scales fp32."""
     pointers = {"BIAS": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DBIAS": "*fp32", "KEY_MASK": "*u8",
                 "SEED": "*i64", **{name: f"*{dtype}" for name in ("Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV")}}
     types = {}
@@ -84,7 +84,7 @@ def signature(function, dtype: str, constexprs: dict) -> dict[str, str]:
             types[name] = pointers[name]
         elif name in ("sm_scale", "dropout_p"):
             types[name] = "fp32"
-        elif name.startswith("stride_") or name in ("H", "T"):
+        elif name.startswith("stride_") or name in ("H", "T", "S"):
             types[name] = "i32"
         else:
             raise ValueError(f"{function.__name__}: no type for argument {name!r}")
