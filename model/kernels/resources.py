@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 from model.kernels import attention as kernels
 
+if kernels.TRITON_MISSING is None:  # else `kernel_functions` says what is missing
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
 # Shared memory one block may use, in bytes (the CUDA C++ Programming Guide's compute capability table,
 # with the opt-in maximum): A100, RTX 30xx, RTX 40xx / L4 / L40, H100 / H200.
 SHARED_MEMORY_PER_BLOCK = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
@@ -93,23 +97,17 @@ def signature(function, dtype: str, constexprs: dict) -> dict[str, str]:
 
 def compile_for(arch: int, kind: str, problem: Problem, tile: tuple[int, int, int, int]):
     """The kernel compiled for sm_{arch} at `tile` (query block, key block, warps, stages), no GPU needed."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     function = kernel_functions()[kind]
     constexprs = constants(kind, problem, tile)
     source = ASTSource(fn=function, signature=signature(function, DTYPES[problem.dtype], constexprs),
                        constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+    return kernels.triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": tile[2], "num_stages": tile[3]})
 
 
 def resources(compiled) -> Resources:
     """Shared memory from Triton's metadata; registers and local memory from the binary (cuobjdump)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tool = os.path.join(os.path.dirname(kernels.triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     registers = spilled = None
     if os.path.exists(tool):
         with tempfile.NamedTemporaryFile(suffix=".cubin") as binary:
