@@ -376,12 +376,12 @@ def _tuned(kernel, tiles: tuple[tuple[int, int, int, int], ...], diagonals: bool
 
 
 if TRITON_MISSING is None:
-    _interpreter_or = (lambda tiles: INTERPRETER_TILES) if interpreted() else (lambda tiles: tiles)
-    _forward_tuned = _tuned(_forward_kernel, _interpreter_or(TILES["forward"]), key=TUNING_KEY)
+    _tiles = {kernel: INTERPRETER_TILES for kernel in TILES} if interpreted() else TILES
+    _forward_tuned = _tuned(_forward_kernel, _tiles["forward"], key=TUNING_KEY)
     # The timing runs add into DBIAS: the autotuner zeroes it before each of them and before the real run.
-    _dkdv_tuned = _tuned(_backward_dkdv_kernel, _interpreter_or(TILES["dkdv"]), diagonals=True,
-                         key=TUNING_KEY + ["BIAS_GRAD"], reset_to_zero=["DBIAS"])
-    _dq_tuned = _tuned(_backward_dq_kernel, _interpreter_or(TILES["dq"]), key=TUNING_KEY)
+    _dkdv_tuned = _tuned(_backward_dkdv_kernel, _tiles["dkdv"], diagonals=True, key=TUNING_KEY + ["BIAS_GRAD"],
+                         reset_to_zero=["DBIAS"])
+    _dq_tuned = _tuned(_backward_dq_kernel, _tiles["dq"], key=TUNING_KEY)
 
 
 def _kernel_at(tuned, kernel, block_m: int, block_n: int, diagonals: bool = False):
