@@ -15,10 +15,10 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
   (an int64 scalar on the device, drawn from torch's generator when not given), so a replayed CUDA
   graph draws a new mask on each replay and `torch.manual_seed` makes runs repeat.
 - **Forward.** Per (batch, head) and block of queries, a loop over key blocks with the online
-  softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2S + 1) row, and a tile
-  whose every pair is farther apart than S on one side adds a single value; padding keys get -inf. Dropout multiplies the probabilities after the softmax's normaliser is taken (the
-  normaliser sums the undropped probabilities), kept values scaled by 1 / (1 - p) as torch's
-  dropout does. The mask is Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed,
+  softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2S + 1) row (a tile whose
+  every pair is farther apart than S on one side reads a single entry); padding keys get -inf. Dropout
+  multiplies the probabilities after the softmax's normaliser is taken (the normaliser sums the
+  undropped probabilities), kept values scaled by 1 / (1 - p) as torch's dropout does. The mask is Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed,
   with a counter that is the flat index of the group's first element in (B, heads, T, T): it depends
   only on (batch, head, query, key), never on the tiling, and the backward regenerates it. The
   logsumexp per row (log2 units) is kept for the backward.
