@@ -200,9 +200,8 @@ def test_forward_and_every_gradient_equal_the_reference_with_the_same_dropout_ma
         assert relative.saturation == 14
         assert relative_position_bucket(torch.arange(14, 70), 32, 16).unique().numel() == 1
     seed = torch.tensor(1234, dtype=torch.int64, device=DEVICE)
-    learned = {"table": relative.table.weight,
-               "every distance": torch.randn(q.shape[1], 2 * seq_len - 1, device=DEVICE, requires_grad=True),
-               None: None}[bias_kind]
+    learned = (relative.table.weight if bias_kind == "table" else
+               torch.randn(q.shape[1], 2 * seq_len - 1, device=DEVICE, requires_grad=True) if bias_kind else None)
     bias = relative.by_distance(seq_len) if bias_kind == "table" else learned
     fast = kernels.relative_attention(q, k, v, bias, mask, dropout_p, seed, blocks)
     # the mask exported at other blocks (the default) is the one the kernel used at `blocks`

@@ -18,10 +18,11 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
   softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2S + 1) row (a tile whose
   every pair is farther apart than S on one side reads a single entry); padding keys get -inf. Dropout
   multiplies the probabilities after the softmax's normaliser is taken (the normaliser sums the
-  undropped probabilities), kept values scaled by 1 / (1 - p) as torch's dropout does. The mask is Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed,
-  with a counter that is the flat index of the group's first element in (B, heads, T, T): it depends
-  only on (batch, head, query, key), never on the tiling, and the backward regenerates it. The
-  logsumexp per row (log2 units) is kept for the backward.
+  undropped probabilities), kept values scaled by 1 / (1 - p) as torch's dropout does. The mask is
+  Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed, with a counter that is the
+  flat index of the group's first element in (B, heads, T, T): it depends only on (batch, head, query,
+  key), never on the tiling, and the backward regenerates it. The logsumexp per row (log2 units) is
+  kept for the backward.
 - **Backward.** delta = rowsum(dO * O) in torch (one (B, heads, T) tensor), then dK and dV in one loop
   over key blocks (each program owns a key block and walks the query blocks), dQ in another (each
   program owns a query block and walks the key blocks): no atomics for dQ. The bias gradient is
@@ -71,6 +72,7 @@ else:
 # atomics per tile) or "elementwise" (one atomic per (query, key) element; simple, slow, correct).
 BIAS_GRADIENTS = ("diagonal", "elementwise")
 BIAS_GRADIENT = "diagonal"
+BIAS_GRAD_CODES = {"none": 0, "diagonal": 1, "elementwise": 2}  # the dK/dV kernel's BIAS_GRAD, per reduction
 
 
 # ----------------------------------------------------------------------------- Triton kernels
@@ -353,6 +355,13 @@ def _diagonals(block_m: int, block_n: int) -> int:
     return triton.next_power_of_2(block_m + block_n - 1)
 
 
+def problem_constants(head_dim: int, has_bias: bool, has_mask: bool, dropout: bool, precision: str) -> dict:
+    """The constexpr arguments every kernel is specialised on besides its tiles (the dK/dV kernel adds
+    its `BIAS_GRAD`); `model.kernels.resources` compiles with the same."""
+    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), HAS_BIAS=has_bias,
+                HAS_MASK=has_mask, DROPOUT=dropout, PRECISION=precision)
+
+
 def _launch_options(block_m: int, block_n: int) -> dict[str, int]:
     """Warps and stages for explicitly given tiles (tests, the debugging mask); tuned launches take theirs
     from `TILES`."""
@@ -442,9 +451,7 @@ def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tupl
         q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
         heads, seq_len, _reach(bias), 1.0 / math.sqrt(dim), float(dropout_p),
-        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
-        PRECISION=_precision(q.dtype), **tiles,
+        **problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype)), **tiles,
     )
     return out, lse
 
@@ -455,20 +462,18 @@ def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m,
     batch, heads, seq_len, dim = q.shape
     delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, heads, T): rowsum(dO * O)
     dq, dk, dv = _transposed_like(q), _transposed_like(k), _transposed_like(v)
-    bias_grad = {"none": 0, "diagonal": 1, "elementwise": 2}[bias_gradient if bias is not None else "none"]
+    shared = problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
+    learns_bias = bias is not None and bias_gradient != "none"
     # without a bias to learn, an empty buffer the kernel never touches (and tuning may zero)
-    dbias = torch.zeros(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device)
+    dbias = torch.zeros(bias.shape if learns_bias else (0,), dtype=torch.float32, device=q.device)
     bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
-    shared = dict(HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
-                  HAS_BIAS=bias is not None, HAS_MASK=key_mask is not None, DROPOUT=dropout_p > 0,
-                  PRECISION=_precision(q.dtype))
     sm_scale = 1.0 / math.sqrt(dim)
     kernel, tiles = _kernel_at(_dkdv_tuned, _backward_dkdv_kernel, block_m, block_n, diagonals=True)
     kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_N"]), batch * heads)](
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         stride_bias, dbias.stride(0), stride_mask, heads, seq_len, _reach(bias), sm_scale, float(dropout_p),
-        BIAS_GRAD=bias_grad, **shared, **tiles,
+        BIAS_GRAD=BIAS_GRAD_CODES[bias_gradient if learns_bias else "none"], **shared, **tiles,
     )
     kernel, tiles = _kernel_at(_dq_tuned, _backward_dq_kernel, block_m, block_n)
     kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
@@ -539,7 +544,7 @@ def relative_attention(
     q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, key_mask: Tensor | None = None,
     dropout_p: float = 0.0, seed: Tensor | None = None, blocks: tuple[int, int] | None = None,
 ) -> Tensor:
-    """dropout(softmax(q k^T / sqrt(d) + bias[:, j - i + T - 1] + padding)) v, fused; (B, heads, T, d).
+    """dropout(softmax(q k^T / sqrt(d) + bias[:, clamp(j - i, -S, S) + S] + padding)) v, fused; (B, heads, T, d).
 
     `bias` (heads, 2S + 1), fp32 (cast if not), gets a gradient: the bias of each key-minus-query
     distance -S .. S at entry distance + S; a pair farther apart than S reads the entry of -S or S (the

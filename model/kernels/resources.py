@@ -65,12 +65,11 @@ def kernel_functions() -> dict:
 def constants(kind: str, problem: Problem, tile: tuple[int, int, int, int]) -> dict:
     """The constexpr arguments, as `model.kernels.attention` passes them at this tile."""
     block_m, block_n = tile[:2]
-    values = dict(HEAD_DIM=problem.head_dim, BLOCK_D=max(16, 1 << (problem.head_dim - 1).bit_length()),
-                  BLOCK_M=block_m, BLOCK_N=block_n, HAS_BIAS=problem.bias, HAS_MASK=problem.padding,
-                  DROPOUT=problem.dropout, PRECISION="ieee")
+    values = dict(kernels.problem_constants(problem.head_dim, problem.bias, problem.padding, problem.dropout, "ieee"),
+                  BLOCK_M=block_m, BLOCK_N=block_n)
     if kind == "dkdv":
-        reduction = {"diagonal": 1, "elementwise": 2}[problem.bias_gradient] if problem.bias else 0
-        values.update(BIAS_GRAD=reduction, DIAGONALS=kernels._diagonals(block_m, block_n))
+        values.update(BIAS_GRAD=kernels.BIAS_GRAD_CODES[problem.bias_gradient if problem.bias else "none"],
+                      DIAGONALS=kernels._diagonals(block_m, block_n))
     return values
 
 
