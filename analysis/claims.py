@@ -1,48 +1,93 @@
-"""The paper's claims that a study can measure, each judged from the tracked runs by a stated test.
+"""The paper's claims that a study can measure, each judged over pretraining runs by a stated test.
 
-One row per claim (per task where the claim is about fine-tuning): the numbers, what they rest on,
-and a verdict:
+**The unit of replication is the pretraining run.** The claims are about pretraining objectives, so
+every test has one value per pretraining run (`jobs.studies.ablate --pretraining-seeds N` varies the
+seed of initialisation, corruption and data order together): a run's fine-tuning seeds are summarised
+by their median first, a curve by the mean of its last fifth, a run's sentence-pair cosines by their
+mean. The logged values of one curve, or the seeds of one fine-tuning sweep, are never samples.
 
-    holds             the paper's direction, and the 95% interval of the difference excludes 0
-    does not hold     the opposite direction, and the interval excludes 0
-    within noise      the interval contains 0
-    not enough seeds  a side has fewer than MIN_SEEDS seeds (few-shot: splits); the paper's protocol is 5
-    not comparable    the runs were pretrained with different presets or budgets (steps, batch, length)
-    not measured      the study lacks the runs it needs (the row says which)
+**Who counts.** Only runs that trained (`jobs.studies.gate`): a variant with fewer than MIN_RUNS
+trained runs gets "recipe failed for VARIANT (k of n runs trained: ...)" on every claim that needs it,
+and a variant with fewer than MIN_RUNS runs at all "not enough pretraining runs". With 3 runs against
+3 an exact permutation test cannot reach 0.05 (its smallest two-sided p is 0.1); with 4 against 4 it
+is 0.029.
 
-The test is a percentile bootstrap (`scipy.stats.bootstrap`, RESAMPLES resamples, a fixed seed) of the
-difference of medians, each side resampled on its own. Its samples are, for fine-tuning, the seeds
-at each side's best grid point; for few-shot, the splits; for the [CLS] cosines of
-`jobs.studies.represent`, the sentence pairs; for pretraining signals (one run per variant), the
-logged interval means over the last fifth of each curve, so their noise is the curve's own wobble
-and not a new pretraining seed (the basis column says so).
+**The tests.** Two variants (independent runs): the difference of the means over runs, Welch's t-test
+and its 95% interval, with the exact permutation test's p beside it (`scipy.stats.permutation_test`,
+every relabelling of the runs). The verdict rests on Welch's p: at 4 runs a side the permutation test
+cannot go below 2/70 = 0.029, so under Holm's correction over the primary claims it could never
+reach significance, whatever the data. A comparison inside each run (two curves, two kinds of sentence pair, the end of a curve
+against its start): the per-run differences, a paired t-test and its 95% interval (the exact
+sign-flip test cannot reach 0.05 with fewer than 6 runs). PRIMARY claims (Table 1's two rows, Fig. 7a/7b,
+Fig. 8's CLM against All-Token LM, Table 3's SCL row) are corrected for multiplicity by Holm's method
+(`statsmodels`); every other claim is exploratory, judged at its own p and marked so.
 
-Where the paper's claim is about certain tasks it is judged on those (relative positions: MNLI; SCL:
-RTE and MRPC). Every other fine-tuning comparison gets a line per task and, with several tasks, a
-summary line that names every task going the other way. Scores of different tasks (accuracy,
-Matthews correlation, F1) are never averaged. No torch here.
+**The verdicts**, with SESOI the declared smallest effect of interest of the metric's kind:
+
+    holds             p < 0.05, the interval excludes 0 on the paper's side, and the estimate reaches SESOI
+    does not hold     the same on the other side
+    negligible        the whole interval lies within (-SESOI, +SESOI)
+    inconclusive      anything else (an interval too wide to say, or an effect below SESOI)
+    no variation      neither side varies over runs: never evidence
+    not enough pretraining runs, recipe failed, not comparable, not measured: no verdict, with the reason
+
+Where the paper's claim is about certain tasks it is judged on those (relative positions: MNLI; SCL's
+Table 3 row: every task, and RTE and MRPC on their own line). Scores of different tasks are never
+averaged. No torch here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
+from jobs.names import CONTROL_VARIANT, PROBE_METRICS, REPRESENT_METRICS
 from jobs.runs import BUDGET_PARAMS, with_fractions
+from jobs.studies.gate import CRITERIA, gate
 
-HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
-FEW_SEEDS, NOT_COMPARABLE = "not enough seeds", "not comparable"
-MIN_SEEDS = 3
-CONFIDENCE, RESAMPLES, BOOTSTRAP_SEED = 0.95, 9999, 0
+HOLDS, FAILS, NEGLIGIBLE, INCONCLUSIVE = "holds", "does not hold", "negligible", "inconclusive"
+NO_VARIATION = "no variation over runs: not evidence"
+FEW_RUNS, RECIPE_FAILED = "not enough pretraining runs", "recipe failed"
+NOT_COMPARABLE, NOT_MEASURED = "not comparable", "not measured"
+FIRM = (HOLDS, FAILS, NEGLIGIBLE)  # the verdicts that say something about the paper
+MIN_RUNS = 4
+ALPHA, CONFIDENCE = 0.05, 0.95
+PERMUTATIONS, PERMUTATION_SEED = 99_999, 0  # exact whenever the runs have fewer relabellings (4 vs 4: 70)
 TAIL = 0.2  # the last fifth of a curve is "its end"; the first fifth its start
+
+# The smallest effect of interest, one per kind of metric, declared before any study ran.
+DOWNSTREAM, COSINE, REPLACED, JITTER = "downstream accuracy", "cosine", "accuracy on tokens", "loss jitter"
+SESOI = {
+    DOWNSTREAM: 0.01,  # one accuracy point: below the spread of fine-tuning seeds, never reported as a gain
+    COSINE: 0.02,  # the [CLS] cosines of an untrained encoder move by this much between seeds
+    REPLACED: 0.01,  # one token in a hundred: 0.000 -> 0.001 is no rise
+    JITTER: 0.005,  # of the sd of logged loss changes (a loss near 7 per part)
+}
 DEFAULT_CROP = "cocolm"  # the paper's crop fraction (0.9) is cocolm's own
-TABLE3_ABLATIONS = ("rtd_only", "clm_only", "scl_rtd", "electra_aux", "random_replace", "converged_aux",
-                    "all_token_lm", "cocolm_no_copy")
+TABLE3_ABLATIONS = ("rtd_only", "scl_rtd", "electra_aux", "random_replace", "converged_aux", "all_token_lm",
+                    "cocolm_no_copy")  # clm_only is the SCL row, judged as a primary claim
 CLM_SETUP = ("clm_no_copy",)  # Table 3's "CLM Setup" rows, ablations of clm_only (model/variants.py)
+PROBE_READOUTS = (("[CLS]", PROBE_METRICS[0]), ("mean-pooled", PROBE_METRICS[1]))
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The effect (paper's direction positive), its 95% interval, the test's p and what the test was."""
+
+    value: float
+    low: float
+    high: float
+    p: float
+    test: str
+
+    def text(self, scale: float = 1.0, digits: int = 3) -> str:
+        return f"{scale * self.value:+.{digits}f} [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}]"
 
 
 @dataclass(frozen=True)
@@ -50,50 +95,78 @@ class Claim:
     source: str  # where the paper makes it
     statement: str
     numbers: str
-    basis: str  # what the test rests on: seeds, splits, pairs or logged values, and the interval
-    verdict: str
-
-
-def not_measured(source: str, statement: str, why: str) -> Claim:
-    """A claim that could not be judged: `why` is a reason, or already a verdict (`Study.row`'s
-    "not comparable: ..." or "not measured: ...")."""
-    verdict = why if why.startswith((NOT_COMPARABLE, "not measured")) else f"not measured: {why}"
-    return Claim(source, statement, "-", "-", verdict)
-
-
-# ----------------------------------------------------------------------------- the test
-
-
-@dataclass(frozen=True)
-class Difference:
-    """A statistic of two or more samples (higher is the paper's direction) and its 95% interval."""
-
-    value: float
-    low: float
-    high: float
+    basis: str  # runs per side and the test
+    verdict: str  # "" until `decide` judges a measured claim
+    primary: bool = False
+    effect: Effect | None = None
+    sesoi: float = math.nan
+    p_adjusted: float = math.nan  # Holm's, for primary claims; the raw p for exploratory ones
 
     @property
-    def verdict(self) -> str:
-        return HOLDS if self.low > 0 else FAILS if self.high < 0 else NOISE
-
-    def text(self, scale: float = 1.0, digits: int = 2) -> str:
-        return f"{scale * self.value:+.{digits}f} [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}]"
+    def family(self) -> str:
+        return "primary" if self.primary else "exploratory"
 
 
-def bootstrap(samples: Sequence[Sequence[float]], statistic: Callable[..., np.ndarray]) -> Difference:
-    """`statistic(*samples, axis=-1)` and its 95% percentile bootstrap interval, each sample resampled on its own."""
-    arrays = tuple(np.asarray(s, dtype=float) for s in samples)
-    value = float(statistic(*arrays, axis=-1))
-    if all(np.ptp(a) == 0 for a in arrays):  # no spread anywhere: every resample gives the value itself
-        return Difference(value, value, value)
-    result = stats.bootstrap(arrays, statistic, n_resamples=RESAMPLES, vectorized=True, paired=False,
-                             confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED))
-    return Difference(value, float(result.confidence_interval.low), float(result.confidence_interval.high))
+def not_measured(source: str, statement: str, why: str, primary: bool = False) -> Claim:
+    """A claim with no verdict: `why` is a reason, or already one of the no-verdict verdicts."""
+    verdict = why if why.startswith((NOT_COMPARABLE, NOT_MEASURED, FEW_RUNS, RECIPE_FAILED, NO_VARIATION)) \
+        else f"{NOT_MEASURED}: {why}"
+    return Claim(source, statement, "-", "-", verdict, primary)
 
 
-def median_difference(higher: Sequence[float], lower: Sequence[float]) -> Difference:
-    """median(higher) - median(lower), with its interval."""
-    return bootstrap((higher, lower), lambda h, l, axis: np.median(h, axis=axis) - np.median(l, axis=axis))
+# ----------------------------------------------------------------------------- the tests
+
+
+def no_spread(values: Sequence[float]) -> bool:
+    return len(values) < 2 or float(np.ptp(values)) == 0.0
+
+
+def independent(higher: Sequence[float], lower: Sequence[float]) -> Effect:
+    """mean(higher) - mean(lower) over runs: Welch's t-test and its interval; the exact permutation test's p
+    beside it, as a check that needs no normality (it cannot go below 2/70 at 4 runs a side)."""
+    a, b = np.asarray(higher, dtype=float), np.asarray(lower, dtype=float)
+    welch = stats.ttest_ind(a, b, equal_var=False)
+    interval = welch.confidence_interval(CONFIDENCE)
+    exact = stats.permutation_test((a, b), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+                                   permutation_type="independent", vectorized=True, n_resamples=PERMUTATIONS,
+                                   alternative="two-sided", rng=np.random.default_rng(PERMUTATION_SEED))
+    return Effect(float(a.mean() - b.mean()), float(interval.low), float(interval.high), float(welch.pvalue),
+                  f"Welch's t-test over runs and its 95% interval (exact permutation p {exact.pvalue:.3g})")
+
+
+def paired(differences: Sequence[float]) -> Effect:
+    """The mean of per-run differences: a paired t-test and its interval."""
+    d = np.asarray(differences, dtype=float)
+    result = stats.ttest_1samp(d, 0.0)
+    interval = result.confidence_interval(CONFIDENCE)
+    return Effect(float(d.mean()), float(interval.low), float(interval.high), float(result.pvalue),
+                  "paired t-test over runs, 95% interval")
+
+
+def verdict(effect: Effect, sesoi: float, p: float) -> str:
+    """The verdict of a measured effect: see the module's docstring."""
+    if -sesoi < effect.low and effect.high < sesoi:
+        return NEGLIGIBLE
+    if p < ALPHA and effect.low > 0 and effect.value >= sesoi:
+        return HOLDS
+    if p < ALPHA and effect.high < 0 and effect.value <= -sesoi:
+        return FAILS
+    return INCONCLUSIVE
+
+
+def decide(claims: list[Claim]) -> list[Claim]:
+    """Judge every measured claim: Holm's correction over the primary ones, the raw p for the rest."""
+    measured = [i for i, c in enumerate(claims) if c.effect is not None]
+    primary = [i for i in measured if claims[i].primary]
+    adjusted = {i: claims[i].effect.p for i in measured}
+    if primary:
+        _, corrected, _, _ = multipletests([claims[i].effect.p for i in primary], alpha=ALPHA, method="holm")
+        adjusted.update(zip(primary, map(float, corrected)))
+    judged = list(claims)
+    for i in measured:
+        c = claims[i]
+        judged[i] = replace(c, verdict=verdict(c.effect, c.sesoi, adjusted[i]), p_adjusted=adjusted[i])
+    return judged
 
 
 def summary_verdict(verdicts: dict[str, str]) -> str:
@@ -101,288 +174,347 @@ def summary_verdict(verdicts: dict[str, str]) -> str:
     if len(set(verdicts.values())) == 1:
         return next(iter(verdicts.values()))
     groups: dict[str, list[str]] = {}
-    for task, verdict in verdicts.items():
-        groups.setdefault(verdict, []).append(task)
-    return "mixed: " + "; ".join(f"{verdict} on {', '.join(tasks)}" for verdict, tasks in groups.items())
+    for task, found in verdicts.items():
+        groups.setdefault(found, []).append(task)
+    return "mixed: " + "; ".join(f"{found} on {', '.join(tasks)}" for found, tasks in groups.items())
 
 
 # ----------------------------------------------------------------------------- the study's runs
 
 
+def run_gate(row: pd.Series):
+    """`jobs.studies.gate` on a row of `jobs.runs.pretraining_runs`."""
+    metrics = {k.removeprefix("metrics."): v for k, v in row.items()
+               if k.startswith("metrics.") and isinstance(v, (int, float)) and not math.isnan(v)}
+    params = {k.removeprefix("params."): v for k, v in row.items() if k.startswith("params.")}
+    return gate(row["variant"], str(row.get("status", "FINISHED")), str(row.get("stopped") or ""), metrics, params)
+
+
+def with_gate(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with their gate verdict (`gate`), whether they count (`counts`: trained, or the control) and
+    the names of the criteria they failed (`failed`)."""
+    results = [run_gate(row) for _, row in runs.iterrows()]
+    return runs.assign(gate=[r.verdict for r in results], counts=[r.counts for r in results],
+                       failed=[r.failed for r in results])
+
+
 @dataclass(frozen=True)
 class Study:
-    """The runs of one preset (`runs`: one per variant) with everything the claims read."""
+    """The runs of one preset (every run of every variant, gated) with everything the claims read."""
 
     preset: str
-    runs: pd.DataFrame
-    other_presets: pd.DataFrame  # the study's runs of every other preset: named when a variant is only there
+    runs: pd.DataFrame  # with_gate(pretraining_runs) of this preset
+    other_presets: pd.DataFrame
     hist: pd.DataFrame
     scores: pd.DataFrame  # sweep_scores on all the labels
     fraction_scores: pd.DataFrame  # sweep_scores with the label fractions
     fewshot: pd.DataFrame
-    pairs: dict[str, pd.DataFrame]  # run_id -> jobs.studies.represent's per-pair cosines
 
-    def row(self, variant: str) -> pd.Series | str:
-        """The variant's run, or why there is none to compare (a verdict)."""
+    def group(self, variant: str) -> pd.DataFrame | str:
+        """The variant's runs that count (at least MIN_RUNS), else why there is no verdict."""
         mine = self.runs[self.runs["variant"] == variant]
-        if len(mine):
-            return mine.iloc[-1]
-        elsewhere = sorted(set(self.other_presets.loc[self.other_presets["variant"] == variant, "preset"]))
-        if elsewhere:
-            return (f"{NOT_COMPARABLE}: {variant} was pretrained with preset {', '.join(elsewhere)}, "
-                    f"not {self.preset}")
-        return f"not measured: no {variant} pretraining run in the study"
+        if mine.empty:
+            elsewhere = sorted(set(self.other_presets.loc[self.other_presets["variant"] == variant, "preset"]))
+            if elsewhere:
+                return f"{NOT_COMPARABLE}: {variant} was pretrained with preset {', '.join(elsewhere)}, not {self.preset}"
+            return f"{NOT_MEASURED}: no {variant} pretraining run in the study"
+        counted = mine[mine["counts"]]
+        if len(counted) >= MIN_RUNS:
+            return counted
+        failed = mine[~mine["counts"]]
+        if len(failed):
+            reasons = pd.Series([f for fs in failed["failed"] for f in fs]).value_counts()
+            return (f"{RECIPE_FAILED} for {variant} ({len(counted)} of {len(mine)} runs trained: "
+                    + "; ".join(f"{reason} failed in {n}" for reason, n in reasons.items()) + ")")
+        return f"{FEW_RUNS} ({variant}: {len(counted)}, at least {MIN_RUNS})"
 
-    def pair(self, *variants: str) -> list[pd.Series] | str:
-        """The variants' runs when they can be compared (one preset, one budget), else why not."""
-        rows = [self.row(v) for v in variants]
-        for found in rows:
-            if isinstance(found, str):
-                return found
-        budgets = {row["variant"]: tuple(row.get(f"params.{p}") for p in BUDGET_PARAMS) for row in rows}
-        if len(set(budgets.values())) > 1:
+    def groups(self, *variants: str) -> list[pd.DataFrame] | str:
+        """The variants' counted runs when they can be compared (one preset, one budget), else why not."""
+        found = [self.group(v) for v in dict.fromkeys(variants)]
+        for g in found:
+            if isinstance(g, str):
+                return g
+        budgets = {}
+        for g in found:
+            for _, row in g.iterrows():
+                budgets.setdefault(tuple(row.get(f"params.{p}") for p in BUDGET_PARAMS), set()).add(row["variant"])
+        if len(budgets) > 1:
             return (f"{NOT_COMPARABLE}: different pretraining budgets (" + "; ".join(
-                f"{v}: {b[0]} steps of {b[1]} x {b[2]} tokens" for v, b in budgets.items()) + ")")
-        return rows
+                f"{', '.join(sorted(v))}: {b[0]} steps of {b[1]} x {b[2]} tokens" for b, v in budgets.items()) + ")")
+        return found
 
     def curve(self, run_id: str, key: str) -> np.ndarray:
         values = self.hist[(self.hist["run_id"] == run_id) & (self.hist["key"] == key)]
         return values.sort_values("step")["value"].to_numpy()
 
+    # One value per run: the readouts a claim compares.
+    def curve_end(self, key: str, first: bool = False) -> Callable[[pd.Series], float]:
+        def value(row: pd.Series) -> float:
+            curve = self.curve(row["run_id"], key)
+            if len(curve) < 2:
+                return math.nan
+            n = max(1, int(round(TAIL * len(curve))))
+            return float(np.mean(curve[:n] if first else curve[-n:]))
+        return value
 
-# ----------------------------------------------------------------------------- fine-tuning
+    def finetuned(self, task: str, scores: pd.DataFrame | None = None) -> Callable[[pd.Series], float]:
+        """A run's fine-tuning score on `task`: the median over its fine-tuning seeds at the chosen grid point."""
+        table = self.scores if scores is None else scores
+        mine = table.set_index(["pretraining_run", "task"])["values"].to_dict() if len(table) else {}
+
+        def value(row: pd.Series) -> float:
+            seeds = mine.get((row["run_id"], task))
+            return float(np.median(seeds)) if seeds else math.nan
+        return value
+
+
+def metric(key: str) -> Callable[[pd.Series], float]:
+    """A run's logged metric (its last value)."""
+    def value(row: pd.Series) -> float:
+        found = row.get(f"metrics.{key}", math.nan)
+        return math.nan if found is None else float(found)
+    return value
+
+
+def values_of(group: pd.DataFrame, value: Callable[[pd.Series], float]) -> list[float]:
+    return [v for v in (value(row) for _, row in group.iterrows()) if not math.isnan(v)]
+
+
+# ----------------------------------------------------------------------------- two kinds of comparison
+
+
+def between(study: Study, source: str, statement: str, better: str, worse: str,
+            value: Callable[[pd.Series], float], kind: str, what: str, primary: bool = False) -> Claim:
+    """`better`'s runs above `worse`'s on one value per run (independent groups of runs)."""
+    groups = study.groups(better, worse)
+    if isinstance(groups, str):
+        return not_measured(source, statement, groups, primary)
+    a, b = values_of(groups[0], value), values_of(groups[1], value)
+    if min(len(a), len(b)) < MIN_RUNS:
+        return not_measured(source, statement, f"{what} measured on {len(a)} {better} and {len(b)} {worse} runs "
+                            f"(at least {MIN_RUNS} each)", primary)
+    numbers = f"{what}, mean over runs: {better} {np.mean(a):.3f}, {worse} {np.mean(b):.3f}"
+    if no_spread(a) and no_spread(b):
+        return Claim(source, statement, numbers, f"{len(a)} vs {len(b)} pretraining runs", NO_VARIATION, primary)
+    effect = independent(a, b)
+    return Claim(source, statement, f"{numbers}; difference {effect.text()}",
+                 f"{len(a)} vs {len(b)} pretraining runs; {effect.test}; p {effect.p:.3g}", "", primary, effect,
+                 SESOI[kind])
+
+
+def within(study: Study, source: str, statement: str, variant: str, higher: Callable[[pd.Series], float],
+           lower: Callable[[pd.Series], float], kind: str, what: tuple[str, str], primary: bool = False) -> Claim:
+    """In each of `variant`'s runs `higher` is above `lower`: the per-run differences, tested paired."""
+    group = study.groups(variant)
+    if isinstance(group, str):
+        return not_measured(source, statement, group, primary)
+    pairs = [(higher(row), lower(row)) for _, row in group[0].iterrows()]
+    pairs = [(h, l) for h, l in pairs if not (math.isnan(h) or math.isnan(l))]
+    if len(pairs) < MIN_RUNS:
+        return not_measured(source, statement, f"{what[0]} and {what[1]} measured on {len(pairs)} {variant} runs "
+                            f"(at least {MIN_RUNS})", primary)
+    differences = [h - l for h, l in pairs]
+    numbers = (f"{variant}, mean over runs: {what[0]} {np.mean([h for h, _ in pairs]):.3f}, "
+               f"{what[1]} {np.mean([l for _, l in pairs]):.3f}")
+    if no_spread(differences):
+        return Claim(source, statement, numbers, f"{len(pairs)} pretraining runs, paired", NO_VARIATION, primary)
+    effect = paired(differences)
+    return Claim(source, statement, f"{numbers}; difference {effect.text()}",
+                 f"{len(pairs)} pretraining runs, paired; {effect.test}; p {effect.p:.3g}", "", primary, effect,
+                 SESOI[kind])
+
+
+# ----------------------------------------------------------------------------- the claims by readout
 
 
 def finetuning_claims(study: Study, source: str, statement: str, better: str, worse: str,
-                      tasks: Sequence[str] | None = None, scores: pd.DataFrame | None = None) -> list[Claim]:
-    """`better`'s fine-tuning scores are above `worse`'s: a line per task (only `tasks` when the paper's claim
-    is about those), and a summary line when there are several."""
-    rows = study.pair(better, worse)
+                      tasks: Sequence[str] | None = None, primary: bool = False) -> list[Claim]:
+    """`better` fine-tunes above `worse`: a line per task (only `tasks` when the paper's claim is about those),
+    and a summary line when there are several."""
+    rows = study.groups(better, worse)
     if isinstance(rows, str):
-        return [not_measured(source, statement, rows)]
-    scores = study.scores if scores is None else scores
-    a, b = (scores[scores["pretraining_run"] == r["run_id"]].set_index("task") for r in rows)
-    shared = [t for t in sorted(set(a.index) & set(b.index)) if tasks is None or t in tasks]
+        return [not_measured(source, statement, rows, primary)]
+    ids = [set(g["run_id"]) for g in rows]
+    shared = sorted(set.intersection(*[set(study.scores.loc[study.scores["pretraining_run"].isin(i), "task"])
+                                       for i in ids]))
+    shared = [t for t in shared if tasks is None or t in tasks]
     if not shared:
         wanted = f" on {', '.join(tasks)}" if tasks else ""
-        return [not_measured(source, statement, f"{better} and {worse} share no fine-tuned task{wanted}")]
-    claims = [seed_claim(source, f"{statement}: {task}", (better, a.loc[task, "values"]), (worse, b.loc[task, "values"]),
-                         "seeds") for task in shared]
-    if len(claims) > 1:
-        verdicts = dict(zip(shared, (c.verdict for c in claims)))
-        claims.append(Claim(source, f"{statement}: all {len(shared)} tasks", "per task above, never averaged",
-                            "the task lines", summary_verdict(verdicts)))
+        return [not_measured(source, statement, f"{better} and {worse} share no fine-tuned task{wanted}", primary)]
+    claims = [between(study, source, f"{statement}: {task}", better, worse, study.finetuned(task), DOWNSTREAM,
+                      f"{task} fine-tuning (median over seeds per run)", primary) for task in shared]
     return claims
 
 
-def seed_claim(source: str, statement: str, better: tuple[str, Sequence[float]], worse: tuple[str, Sequence[float]],
-               unit: str) -> Claim:
-    """Two sides' per-seed (or per-split) scores, x100: at least MIN_SEEDS each, then the bootstrap."""
-    (a_name, a), (b_name, b) = better, worse
-    a, b = list(a if isinstance(a, tuple) else ()), list(b if isinstance(b, tuple) else ())
-    medians = " vs ".join(f"{name} {100 * np.median(v):.2f}" if v else f"{name} -" for name, v in ((a_name, a), (b_name, b)))
-    if min(len(a), len(b)) < MIN_SEEDS:
-        return Claim(source, statement, f"median x100: {medians}",
-                     f"{len(a)} vs {len(b)} {unit} (at least {MIN_SEEDS} each)", FEW_SEEDS)
-    difference = median_difference(a, b)
-    return Claim(source, statement, f"median x100: {medians}; difference {difference.text(100)}",
-                 f"{len(a)} vs {len(b)} {unit}; 95% bootstrap interval of the median difference", difference.verdict)
+def with_summaries(claims: list[Claim]) -> list[Claim]:
+    """After `decide`: a summary line after each group of per-task lines of one statement."""
+    out: list[Claim] = []
+    groups: dict[tuple[str, str], list[Claim]] = {}
+    for c in claims:
+        head, _, task = c.statement.rpartition(": ")
+        if head and c.effect is not None:
+            groups.setdefault((c.source, head), []).append(c)
+    done = set()
+    for c in claims:
+        out.append(c)
+        key = (c.source, c.statement.rpartition(": ")[0])
+        lines = groups.get(key, [])
+        if len(lines) > 1 and c is lines[-1] and key not in done:
+            done.add(key)
+            verdicts = {x.statement.rpartition(": ")[2]: x.verdict for x in lines}
+            out.append(Claim(c.source, f"{key[1]}: all {len(lines)} tasks", "per task above, never averaged",
+                             "the task lines", summary_verdict(verdicts), c.primary))
+    return out
+
+
+def probe_claims(study: Study, source: str, statement: str, better: str, worse: str) -> list[Claim]:
+    """The same comparison on the linear probes of the frozen encoder (jobs.studies.probe)."""
+    return [between(study, source, f"{statement} (linear probe on {name}, SNLI test)", better, worse, metric(key),
+                    DOWNSTREAM, f"probe accuracy on {name}") for name, key in PROBE_READOUTS]
+
+
+def control_claims(study: Study) -> list[Claim]:
+    """Every variant against the randomly initialised encoder of the same shape, on every downstream readout."""
+    claims = []
+    for variant in dict.fromkeys(study.runs["variant"]):
+        if variant == CONTROL_VARIANT:
+            continue
+        statement = f"{variant} beats the random-init encoder"
+        claims += finetuning_claims(study, "control", statement, variant, CONTROL_VARIANT)
+        claims += probe_claims(study, "control", statement, variant, CONTROL_VARIANT)
+    return [c for c in claims if not c.verdict.startswith(f"{NOT_MEASURED}: no {CONTROL_VARIANT}")]
 
 
 def scl_gain_claim(study: Study, with_scl: str = "cocolm", without_scl: str = "clm_only") -> list[Claim]:
-    """Fig. 7c/d: the SCL gain (`with_scl` - `without_scl`, medians over seeds) is larger at the smallest label
-    fraction both were fine-tuned on than at the largest, per task: the interval of that change of gains."""
+    """Fig. 7c/d: the SCL gain is larger at the smallest label fraction than at the largest, per task: per run,
+    its score at the smallest fraction minus its score at the largest; the two variants' runs compared."""
     statement = f"the SCL gain ({with_scl} - {without_scl}) grows as labels shrink"
-    rows = study.pair(with_scl, without_scl)
+    rows = study.groups(with_scl, without_scl)
     if isinstance(rows, str):
         return [not_measured("Fig. 7c/d", statement, rows)]
     points = with_fractions(study.fraction_scores)
-    a, b = (points[points["pretraining_run"] == r["run_id"]].set_index(["base", "fraction"]) for r in rows)
-    shared = sorted(set(a.index) & set(b.index))
-    tasks = sorted({t for t, _ in shared if len([f for u, f in shared if u == t]) >= 2})
-    if not tasks:
-        return [not_measured("Fig. 7c/d", statement, f"{with_scl} and {without_scl} share no task fine-tuned on two "
-                             f"or more label fractions (--label-fractions)")]
+    mine = points[points["pretraining_run"].isin(set(rows[0]["run_id"]) | set(rows[1]["run_id"]))]
     claims = []
-    for task in tasks:
-        low, high = (f(f_ for t, f_ in shared if t == task) for f in (min, max))
-        samples = [list(side.loc[(task, f), "values"]) for f in (low, high) for side in (a, b)]
-        label = f"{statement}: {task}, {low:g} vs {high:g} of the labels"
-        if min(map(len, samples)) < MIN_SEEDS:
-            claims.append(Claim("Fig. 7c/d", label, "-", f"{'/'.join(str(len(s)) for s in samples)} seeds "
-                                f"(at least {MIN_SEEDS} each)", FEW_SEEDS))
+    for task, by_task in mine.groupby("base"):
+        fractions = sorted(set(by_task["fraction"]))
+        if len(fractions) < 2:
             continue
-        change = bootstrap(samples, lambda al, bl, ah, bh, axis: (np.median(al, axis=axis) - np.median(bl, axis=axis))
-                           - (np.median(ah, axis=axis) - np.median(bh, axis=axis)))
-        gains = [np.median(samples[0]) - np.median(samples[1]), np.median(samples[2]) - np.median(samples[3])]
-        claims.append(Claim("Fig. 7c/d", label, f"gain x100 {100 * gains[0]:+.2f} at {low:g}, {100 * gains[1]:+.2f} at "
-                            f"{high:g}; change {change.text(100)}",
-                            f"{min(map(len, samples))}+ seeds per point; 95% bootstrap interval of the change",
-                            change.verdict))
-    return claims
+        low, high = fractions[0], fractions[-1]
+        scores = by_task.set_index(["pretraining_run", "fraction"])["values"].to_dict()
 
-
-# ----------------------------------------------------------------------------- pretraining signals
-
-
-def ends(values: np.ndarray, first: bool = False) -> np.ndarray:
-    """The last (or first) fifth of a curve's logged values, at least two of them."""
-    n = max(2, int(round(TAIL * len(values))))
-    return values[:n] if first else values[-n:]
-
-
-def signal_claim(study: Study, source: str, statement: str, higher: tuple[str, str], lower: tuple[str, str]) -> Claim:
-    """(variant, key) `higher`'s curve ends above `lower`'s: the medians of their last fifths, with the interval
-    over those logged values."""
-    rows = study.pair(*dict.fromkeys((higher[0], lower[0])))
-    if isinstance(rows, str):
-        return not_measured(source, statement, rows)
-    by_variant = {r["variant"]: r for r in rows}
-    curves = [study.curve(by_variant[v]["run_id"], key) for v, key in (higher, lower)]
-    short = [f"{v} {key}" for (v, key), c in zip((higher, lower), curves) if len(c) < 4]
-    if short:
-        return not_measured(source, statement, f"fewer than 4 logged values of {', '.join(short)}")
-    a, b = ends(curves[0]), ends(curves[1])
-    difference = median_difference(a, b)
-    names = [f"{v} {key}" for v, key in (higher, lower)]
-    return Claim(source, statement, f"end of run: {names[0]} {np.median(a):.3f}, {names[1]} {np.median(b):.3f}; "
-                 f"difference {difference.text(digits=3)}",
-                 f"1 run each; {len(a)} vs {len(b)} logged values (last fifth); 95% bootstrap interval", difference.verdict)
-
-
-def rise_claim(study: Study, source: str, statement: str, variant: str, key: str) -> Claim:
-    """`key` rises over the variant's run: the last fifth of its curve against the first fifth."""
-    row = study.row(variant)
-    if isinstance(row, str):
-        return not_measured(source, statement, row)
-    values = study.curve(row["run_id"], key)
-    if len(values) < 4:
-        return not_measured(source, statement, f"{variant} logged fewer than 4 values of {key}")
-    start, end = ends(values, first=True), ends(values)
-    difference = median_difference(end, start)
-    return Claim(source, statement, f"{variant}: {key} {np.median(start):.3f} -> {np.median(end):.3f}; "
-                 f"difference {difference.text(digits=3)}",
-                 f"1 run; first vs last fifth, {len(start)} logged values each; 95% bootstrap interval", difference.verdict)
+        def drop(row: pd.Series, low=low, high=high, scores=scores) -> float:
+            a, b = scores.get((row["run_id"], low)), scores.get((row["run_id"], high))
+            return float(np.median(a) - np.median(b)) if a and b else math.nan
+        claims.append(between(study, "Fig. 7c/d", f"{statement}: {task}, {low:g} vs {high:g} of the labels",
+                              with_scl, without_scl, drop, DOWNSTREAM,
+                              f"score at {low:g} minus at {high:g} of the labels"))
+    return claims or [not_measured("Fig. 7c/d", statement, f"{with_scl} and {without_scl} share no task fine-tuned "
+                                   f"on two or more label fractions (--label-fractions)")]
 
 
 def stability_claim(study: Study, unstable: str = "clm_no_stopgrad", stable: str = "clm_only") -> Claim:
-    """Table 3's stop-gradient row is about stability: `unstable` diverges (stopped on a non-finite loss) where
-    `stable` does not, or its loss jitters more (standard deviation of the step-to-step changes of the
-    logged loss over the run's second half, with the interval of the difference)."""
-    source, statement = "Table 3", f"without the stop-gradient training is less stable ({unstable} vs {stable})"
-    rows = study.pair(unstable, stable)
-    if isinstance(rows, str):
-        return not_measured(source, statement, rows)
-    stopped = {r["variant"]: str(r.get("stopped") or "") for r in rows}
-    if bool(stopped[unstable]) != bool(stopped[stable]):
-        which = unstable if stopped[unstable] else stable
-        return Claim(source, statement, f"{which} stopped: {stopped[which]}", "1 run each",
-                     HOLDS if which == unstable else FAILS)
-    losses = [study.curve(r["run_id"], "loss") for r in rows]
-    changes = [np.diff(loss[len(loss) // 2:]) for loss in losses]
-    if min(map(len, changes)) < 3:
-        return not_measured(source, statement, "fewer than 8 logged loss values per run")
-    difference = bootstrap(changes, lambda u, s, axis: np.std(u, axis=axis, ddof=1) - np.std(s, axis=axis, ddof=1))
-    return Claim(source, statement, f"loss jitter (sd of logged changes, second half): {unstable} "
-                 f"{np.std(changes[0], ddof=1):.4f}, {stable} {np.std(changes[1], ddof=1):.4f}; difference "
-                 f"{difference.text(digits=4)}", f"1 run each, neither stopped; {len(changes[0])} vs {len(changes[1])} "
-                 f"changes; 95% bootstrap interval", difference.verdict)
-
-
-# ----------------------------------------------------------------------------- representations, few-shot
-
-
-def pairs_claim(study: Study, source: str, statement: str, higher: tuple[str, str], lower: tuple[str, str]) -> Claim:
-    """(variant, kind of pair) `higher`'s [CLS] cosines (jobs.studies.represent) are above `lower`'s."""
-    rows = study.pair(*dict.fromkeys((higher[0], lower[0])))
-    if isinstance(rows, str):
-        return not_measured(source, statement, rows)
-    by_variant = {r["variant"]: r for r in rows}
-    missing = [v for v in by_variant if by_variant[v]["run_id"] not in study.pairs]
-    if missing:
-        return not_measured(source, statement, f"no representation analysis of {', '.join(missing)} "
-                            f"(jobs.studies.represent)")
-    a, b = (study.pairs[by_variant[v]["run_id"]] for v, _ in (higher, lower))
-    a, b = a.loc[a["kind"] == higher[1], "cosine"], b.loc[b["kind"] == lower[1], "cosine"]
-    difference = median_difference(a, b)
-    return Claim(source, statement, f"median cosine: {higher[0]} {higher[1]} {a.median():.3f}, {lower[0]} {lower[1]} "
-                 f"{b.median():.3f}; difference {difference.text(digits=3)}",
-                 f"{len(a)} vs {len(b)} sentence pairs; 95% bootstrap interval", difference.verdict)
+    """Table 3's stop-gradient row is about stability: per run, the sd of the step-to-step changes of the
+    logged loss over its second half (a run that stopped on a non-finite loss fails the gate and is named)."""
+    def jitter(row: pd.Series) -> float:
+        loss = study.curve(row["run_id"], "loss")
+        changes = np.diff(loss[len(loss) // 2:])
+        return float(np.std(changes, ddof=1)) if len(changes) >= 3 else math.nan
+    return between(study, "Table 3", f"without the stop-gradient training is less stable ({unstable} vs {stable})",
+                   unstable, stable, jitter, JITTER, "loss jitter (sd of logged changes, second half)")
 
 
 def fewshot_claims(study: Study, source: str, statement: str, better: tuple[str, str],
                    worse: tuple[str, str]) -> list[Claim]:
-    """(variant, method) `better`'s few-shot test accuracies are above `worse`'s, per task, over the splits."""
-    rows = study.pair(*dict.fromkeys((better[0], worse[0])))
-    if isinstance(rows, str):
-        return [not_measured(source, statement, rows)]
-    by_variant = {r["variant"]: r for r in rows}
-    sides = [study.fewshot[(study.fewshot["pretraining_run"] == by_variant[v]["run_id"])
-                           & (study.fewshot["method"] == m)].set_index("task") for v, m in (better, worse)]
-    tasks = sorted(set(sides[0].index) & set(sides[1].index))
+    """(variant, method) `better`'s few-shot test accuracy (mean over splits per run) above `worse`'s."""
+    table = study.fewshot.set_index(["pretraining_run", "method", "task"])["values"].to_dict() \
+        if len(study.fewshot) else {}
+    tasks = sorted(set(study.fewshot["task"])) if len(study.fewshot) else []
     if not tasks:
-        return [not_measured(source, statement, f"no few-shot study with both {' '.join(better)} and {' '.join(worse)} "
-                             f"(python -m jobs.finetuning.fewshot)")]
-    return [seed_claim(source, f"{statement}: {task}", (" ".join(better), sides[0].loc[task, "values"]),
-                       (" ".join(worse), sides[1].loc[task, "values"]), "splits") for task in tasks]
+        return [not_measured(source, statement, f"no few-shot study of {better[0]} (python -m jobs.finetuning.fewshot)")]
+
+    def accuracy(method: str, task: str) -> Callable[[pd.Series], float]:
+        def value(row: pd.Series) -> float:
+            found = table.get((row["run_id"], method, task))
+            return float(np.mean(found)) if found else math.nan
+        return value
+    if better[0] == worse[0]:
+        return [within(study, source, f"{statement}: {task}", better[0], accuracy(better[1], task),
+                       accuracy(worse[1], task), DOWNSTREAM, (better[1], worse[1])) for task in tasks]
+    return [between(study, source, f"{statement}: {task}", better[0], worse[0], _both(accuracy(better[1], task),
+                    accuracy(worse[1], task), better[0]), DOWNSTREAM, f"{task} few-shot test accuracy")
+            for task in tasks]
+
+
+def _both(mine: Callable, theirs: Callable, variant: str) -> Callable[[pd.Series], float]:
+    """One value function for two variants read through different methods."""
+    return lambda row: mine(row) if row["variant"] == variant else theirs(row)
 
 
 # ----------------------------------------------------------------------------- all claims
 
 
-def judge(runs: pd.DataFrame, hist: pd.DataFrame, scores: pd.DataFrame, fewshot: pd.DataFrame | None = None,
-          pairs: dict[str, pd.DataFrame] | None = None) -> list[Claim]:
-    """Every claim, per preset of the study's pretraining runs (one per preset and variant:
-    `latest_per_variant`), from their metric histories, the fine-tuning scores (`sweep_scores`, with the
-    per-seed values), the few-shot scores (`fewshot_scores`) and the per-pair [CLS] cosines by run id.
-    With several presets each claim's source names its preset."""
+def judge(runs: pd.DataFrame, hist: pd.DataFrame, scores: pd.DataFrame,
+          fewshot: pd.DataFrame | None = None) -> list[Claim]:
+    """Every claim, per preset, over every pretraining run (`jobs.runs.pretraining_runs`, one row per run and
+    seed), from their metric histories, the fine-tuning scores (`sweep_scores`, with the per-seed values) and
+    the few-shot scores (`fewshot_scores`). Holm's correction runs over all primary claims of all presets."""
     fewshot = fewshot if fewshot is not None else pd.DataFrame(columns=["pretraining_run", "task", "method", "values"])
     all_labels = scores[with_fractions(scores)["fraction"] >= 1]
-    presets = list(dict.fromkeys(runs["preset"])) or [""]
+    gated = with_gate(runs) if len(runs) else runs.assign(gate=[], counts=[], failed=[])
+    presets = list(dict.fromkeys(gated["preset"])) or [""]
     claims = []
     for preset in presets:
-        study = Study(preset, runs[runs["preset"] == preset], runs[runs["preset"] != preset], hist, all_labels,
-                      scores, fewshot, pairs or {})
+        study = Study(preset, gated[gated["preset"] == preset], gated[gated["preset"] != preset], hist, all_labels,
+                      scores, fewshot)
         found = judge_study(study)
         if len(presets) > 1:
-            found = [Claim(f"{c.source} [{preset}]", c.statement, c.numbers, c.basis, c.verdict) for c in found]
+            found = [replace(c, source=f"{c.source} [{preset}]") for c in found]
         claims += found
-    return claims
+    return with_summaries(decide(claims))
 
 
 def judge_study(study: Study) -> list[Claim]:
-    clm = "clm_only" if isinstance(study.row("clm_only"), pd.Series) else "cocolm"
+    clm = "clm_only" if "clm_only" in set(study.runs["variant"]) else "cocolm"
+    random_cos, similar_cos = metric(REPRESENT_METRICS[0]), metric(REPRESENT_METRICS[1])
     claims = [
-        pairs_claim(study, "Fig. 1/5", "random-pair [CLS] cosine is lower for COCO-LM than for ELECTRA",
-                    ("electra", "random"), ("cocolm", "random")),
-        pairs_claim(study, "Fig. 5", "COCO-LM: similar pairs have higher [CLS] cosine than random pairs",
-                    ("cocolm", "similar"), ("cocolm", "random")),
-        pairs_claim(study, "Fig. 6", "similar pairs are more aligned with SCL (cocolm) than without (clm_only)",
-                    ("cocolm", "similar"), ("clm_only", "similar")),
-        rise_claim(study, "Fig. 8", "copy accuracy on replaced tokens rises during pretraining", "cocolm",
-                   "copy_accuracy_replaced"),
-        rise_claim(study, "Fig. 8", "LM accuracy on replaced tokens rises during pretraining", "cocolm",
-                   "lm_accuracy_replaced"),
-        signal_claim(study, "Fig. 8", f"CLM ({clm}) finds replaced tokens better than All-Token LM "
-                     f"(copy accuracy on replaced tokens)", (clm, "copy_accuracy_replaced"),
-                     ("all_token_lm", "copy_accuracy_replaced")),
-        signal_claim(study, "Fig. 7a", "SCL raises the positive pairs' [CLS] cosine (cocolm vs clm_only)",
-                     ("cocolm", "cls_positive_cosine"), ("clm_only", "cls_positive_cosine")),
-        signal_claim(study, "Fig. 7a", "without SCL, positive pairs are less similar than random negatives (clm_only)",
-                     ("clm_only", "cls_negative_cosine"), ("clm_only", "cls_positive_cosine")),
-        signal_claim(study, "Fig. 7b", "SCL lowers the negative pairs' [CLS] cosine (less degeneration)",
-                     ("clm_only", "cls_negative_cosine"), ("cocolm", "cls_negative_cosine")),
+        between(study, "Fig. 1/5", "random-pair [CLS] cosine is lower for COCO-LM than for ELECTRA", "electra", "cocolm",
+                random_cos, COSINE, "mean random-pair [CLS] cosine"),
+        within(study, "Fig. 5", "COCO-LM: similar pairs have higher [CLS] cosine than random pairs", "cocolm",
+               similar_cos, random_cos, COSINE, ("similar pairs", "random pairs")),
+        between(study, "Fig. 6", "similar pairs are more aligned with SCL (cocolm) than without (clm_only)", "cocolm",
+                "clm_only", similar_cos, COSINE, "mean similar-pair [CLS] cosine"),
+        within(study, "Fig. 8", "copy accuracy on replaced tokens rises during pretraining", "cocolm",
+               study.curve_end("copy_accuracy_replaced"), study.curve_end("copy_accuracy_replaced", first=True),
+               REPLACED, ("last fifth", "first fifth")),
+        within(study, "Fig. 8", "LM accuracy on replaced tokens rises during pretraining", "cocolm",
+               study.curve_end("lm_accuracy_replaced"), study.curve_end("lm_accuracy_replaced", first=True),
+               REPLACED, ("last fifth", "first fifth")),
+        between(study, "Fig. 8", f"CLM ({clm}) finds replaced tokens better than All-Token LM (copy accuracy on "
+                f"replaced tokens)", clm, "all_token_lm", study.curve_end("copy_accuracy_replaced"), REPLACED,
+                "copy accuracy on replaced tokens, last fifth", primary=True),
+        between(study, "Fig. 7a", "SCL raises the positive pairs' [CLS] cosine (cocolm vs clm_only)", "cocolm",
+                "clm_only", study.curve_end("cls_positive_cosine"), COSINE, "positive-pair [CLS] cosine, last fifth",
+                primary=True),
+        within(study, "Fig. 7a", "without SCL, positive pairs are less similar than random negatives (clm_only)",
+               "clm_only", study.curve_end("cls_negative_cosine"), study.curve_end("cls_positive_cosine"), COSINE,
+               ("negative pairs", "positive pairs")),
+        between(study, "Fig. 7b", "SCL lowers the negative pairs' [CLS] cosine (less degeneration)", "clm_only",
+                "cocolm", study.curve_end("cls_negative_cosine"), COSINE, "negative-pair [CLS] cosine, last fifth",
+                primary=True),
     ]
-    table1 = "at equal pretraining budgets, fine-tuning median"
-    claims += finetuning_claims(study, "Table 1", f"{table1}: cocolm above electra", "cocolm", "electra")
-    claims += finetuning_claims(study, "Table 1", f"{table1}: electra above roberta_mlm", "electra", "roberta_mlm")
+    table1 = "at equal pretraining budgets, fine-tuning"
+    for better, worse in (("cocolm", "electra"), ("electra", "roberta_mlm")):
+        claims += finetuning_claims(study, "Table 1", f"{table1}: {better} above {worse}", better, worse, primary=True)
+        claims += probe_claims(study, "Table 1", f"at equal pretraining budgets: {better} above {worse}", better, worse)
+    claims += finetuning_claims(study, "Table 3", "SCL helps (cocolm above clm_only)", "cocolm", "clm_only",
+                                primary=True)
+    claims += finetuning_claims(study, "Table 3", "SCL helps RTE and MRPC (cocolm above clm_only)", "cocolm",
+                                "clm_only", tasks=("RTE", "MRPC"))
     for ablation in TABLE3_ABLATIONS:
         note = " (the paper's largest effect, -6.6 on GLUE)" if ablation == "random_replace" else ""
         claims += finetuning_claims(study, "Table 3", f"cocolm above {ablation}{note}", "cocolm", ablation)
     claims += finetuning_claims(study, "Table 3", "relative positions help MNLI (cocolm above no_rel_pos)", "cocolm",
                                 "no_rel_pos", tasks=("MNLI-m", "MNLI-mm"))
-    claims += finetuning_claims(study, "Table 3", "SCL helps RTE and MRPC (cocolm above clm_only)", "cocolm",
-                                "clm_only", tasks=("RTE", "MRPC"))
     for row in CLM_SETUP:
         claims += finetuning_claims(study, "Table 3", f"CLM setup: clm_only above {row}", "clm_only", row)
     claims.append(stability_claim(study))
@@ -395,14 +527,55 @@ def judge_study(study: Study) -> list[Claim]:
                              ("cocolm", "prompt"), ("cocolm", "head"))
     claims += fewshot_claims(study, "Table 4", "prompt-based few-shot: COCO-LM above RoBERTa",
                              ("cocolm", "prompt"), ("roberta_mlm", "prompt"))
+    claims += control_claims(study)
     return claims
 
 
-def claims_markdown(claims: list[Claim]) -> str:
-    counts = pd.Series([c.verdict.split(":")[0] for c in claims]).value_counts()
-    lines = ["Paper claims, judged from this study's runs (the rules: analysis/claims.py; a difference counts only "
-             f"when its {CONFIDENCE:.0%} bootstrap interval excludes 0)\n",
-             "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "\n",
-             "| source | claim | numbers | basis | verdict |", "|---|---|---|---|---|"]
-    lines += [f"| {c.source} | {c.statement} | {c.numbers} | {c.basis} | **{c.verdict}** |" for c in claims]
+# ----------------------------------------------------------------------------- the report's claims.md
+
+
+def gate_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (preset, variant): runs, trained runs, and each failed criterion with how many runs failed it."""
+    if runs.empty:
+        return pd.DataFrame(columns=["preset", "variant", "runs", "trained", "failed criteria"])
+    gated = with_gate(runs)
+    rows = []
+    for (preset, variant), group in gated.groupby(["preset", "variant"], sort=False):
+        reasons = pd.Series([f for fs in group["failed"] for f in fs]).value_counts()
+        control = variant == CONTROL_VARIANT
+        rows.append({"preset": preset, "variant": variant, "runs": len(group),
+                     "trained": "control (not gated)" if control else int((group["gate"] == "trained").sum()),
+                     "failed criteria": "; ".join(f"{r} ({n})" for r, n in reasons.items()) or "-"})
+    return pd.DataFrame(rows)
+
+
+def rules_text() -> str:
+    criteria = "\n".join(f"- {c.name}: {c.text()}" + (f" (where {c.needs_param} is true)" if c.needs_param else "")
+                         + f". {c.reason}." for c in CRITERIA)
+    sesoi = ", ".join(f"{kind} {value:g}" for kind, value in SESOI.items())
+    return (f"A run counts only if it trained (jobs/studies/gate.py):\n\n{criteria}\n\n"
+            f"A comparison needs at least {MIN_RUNS} counted pretraining runs a side; each run gives one value "
+            f"(fine-tuning: the median over its seeds; a curve: the mean of its last fifth). Two variants: Welch's "
+            f"t-test and its {CONFIDENCE:.0%} interval (the exact permutation p beside it); within runs: paired "
+            f"t-test. Primary claims are "
+            f"Holm-corrected; the rest are exploratory. Smallest effects of interest: {sesoi}. \"holds\" needs "
+            f"p < {ALPHA} and the estimate past it; \"negligible\": the interval inside it.\n")
+
+
+def claims_markdown(claims: list[Claim], runs: pd.DataFrame | None = None) -> str:
+    lines = ["# Paper claims, judged over pretraining runs (analysis/claims.py)\n"]
+    if runs is not None:
+        table = gate_table(runs)
+        lines += ["## The gate: runs that trained\n", "| preset | variant | runs | trained | failed criteria |",
+                  "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+        lines.append("")
+    lines += ["## The rules\n", rules_text()]
+    for family in ("primary", "exploratory"):
+        counts = pd.Series([c.verdict.split(":")[0].split(" (")[0] for c in claims if c.family == family]).value_counts()
+        lines.append(f"Verdicts ({family}): " + (", ".join(f"{n} {v}" for v, n in counts.items()) or "none"))
+    lines += ["", "## The claims\n", "| family | source | claim | numbers | basis | p (Holm for primary) | verdict |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c.family} | {c.source} | {c.statement} | {c.numbers} | {c.basis} | "
+              f"{'-' if math.isnan(c.p_adjusted) else f'{c.p_adjusted:.3g}'} | **{c.verdict}** |" for c in claims]
     return "\n".join(lines) + "\n"

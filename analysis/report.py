@@ -2,8 +2,8 @@
 
     python -m analysis.report [--experiment NAME] [--tracking-uri URI] --out DIR
 
-Reads (all experiments, or the one named) the pretraining runs (tag kind=pretraining; per preset and variant
-the newest finished run) and the fine-tuning sweep parents (tag cocolm.pretraining_run; per task the newest
+Reads (all experiments, or the one named) the pretraining runs (tag kind=pretraining; per preset, variant and
+pretraining seed the newest finished run) and the fine-tuning sweep parents (tag cocolm.pretraining_run; per task the newest
 finished sweep) and writes:
 
     finetuning_table.{csv,md}   Table 1 style: best-point median per task per pretraining run (SQuAD 2.0 as
@@ -15,8 +15,9 @@ finished sweep) and writes:
     fig7cd_label_fractions.png  score against the fraction of training labels per task, a line per run, min-max
     label_fractions.{csv,md}    its numbers (when a sweep ran with --label-fractions)
     representation.{csv,md}     the representation summary metrics per variant (idem)
-    claims.md                   the paper's directional claims, each with its numbers, seeds and a verdict
-                                (analysis/claims.py); also printed
+    claims.md                   the gate table (runs that trained), the rules, and the paper's directional
+                                claims judged over pretraining runs (analysis/claims.py); also printed
+    runs.{csv,md}               one row per pretraining run: seed, gate verdict, metrics, readouts
     pretraining_metrics.{csv,md} last pretraining metrics per variant: the ones comparable across
                                 variants first (jobs.names.COMPARABLE_METRICS), `loss` last
 
@@ -39,21 +40,21 @@ import pandas as pd
 
 from mlflow.tracking import MlflowClient
 
-from analysis.claims import Claim, claims_markdown, judge
+from analysis.claims import Claim, claims_markdown, judge, with_gate
 from jobs import tracking
 from jobs.cli import option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.medians import GLUE_TARGETS
 from jobs.finetuning.tasks.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
-                        REPRESENT_ARTIFACT, REPRESENT_METRICS)
-from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_variant, pretraining_runs, sweep_scores,
+                        PROBE_METRICS, REPRESENT_ARTIFACT, REPRESENT_METRICS)
+from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_seed, pretraining_runs, sweep_scores,
                        with_fractions)
 from jobs.studies.figures import legend_below, pyplot, representation_figure, run_styles, save
 
 BASELINE = "cocolm"
 AVG = "AVG"
-RUN_COLUMNS = ["preset", "variant", "run_name", "run_id"]
+RUN_COLUMNS = ["preset", "variant", "seed", "run_name", "run_id"]
 FIG8 = (("Copy accuracy", "copy_accuracy_replaced", "copy_accuracy_original"),
         ("LM accuracy", "lm_accuracy_replaced", "lm_accuracy_original"))
 # [CLS] cosines of an early model sit within 1e-3 of 1 while the SCL head's spread over [-1, 1]: on one axis
@@ -81,7 +82,7 @@ def finetuning_table(runs: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
     """Table 1: one row per pretraining run, one column per task (best-point median, 0..1), SQuAD 2.0 as
     two columns (EM and F1, the F1-best point's medians), and AVG over the GLUE-style tasks."""
     tasks = task_order(sorted(set(scores["task"])))
-    table = runs[RUN_COLUMNS].copy()
+    table = runs.reindex(columns=RUN_COLUMNS)  # a run without a seed tag has an empty seed
     for task in tasks:
         if task == SQUAD_V2.display:
             table[f"{task} EM"] = _by_run(table, scores, task, "exact")
@@ -107,7 +108,8 @@ def ablation_table(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
     score of the same preset (missing if either is missing, or if the preset has no baseline run)."""
     scores = [c for c in table.columns if c not in RUN_COLUMNS]
     out = table.copy()
-    base = table[table["variant"] == baseline].drop_duplicates("preset", keep="last").set_index("preset")
+    # With several pretraining seeds the baseline is the mean of its runs (claims.md has the tests over runs).
+    base = table[table["variant"] == baseline].groupby("preset")[scores].agg(lambda c: c.astype(float).mean())
     for column in scores:
         reference = out["preset"].map(base[column]) if len(base) else np.nan
         out[f"{column} diff"] = out[column].astype(float) - pd.Series(reference, index=out.index).astype(float)
@@ -119,10 +121,10 @@ def ablation_table(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
 def score_markdown(table: pd.DataFrame, with_diffs: bool = False) -> str:
     """Scores x100 with two decimals, differences signed in parentheses, '-' for a missing value."""
     scores = [c for c in table.columns if c not in RUN_COLUMNS and not c.endswith(" diff")]
-    shown = ["preset", "variant", "run_name", *scores]
+    shown = ["preset", "variant", "seed", "run_name", *scores]
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
     for _, row in table.iterrows():
-        cells = [str(row[c]) for c in ("preset", "variant", "run_name")]
+        cells = ["" if pd.isna(row.get(c)) else str(row.get(c)) for c in ("preset", "variant", "seed", "run_name")]
         for column in scores:
             cell = "-" if pd.isna(row[column]) else f"{100 * row[column]:.2f}"
             if with_diffs and row["variant"] != BASELINE:
@@ -242,14 +244,17 @@ class Report:
 
 
 def _label(row) -> str:
-    return f"{row['variant']} ({row['preset']})"
+    seed = row.get("seed", "")
+    return f"{row['variant']}{f' s{seed}' if seed not in ('', None) else ''} ({row['preset']})"
 
 
 def build(client, experiment: str | None, out: Path) -> Report:
     """Every table and figure into `out`; nothing is logged here."""
     out.mkdir(parents=True, exist_ok=True)
     experiments = experiment_ids(client, experiment)
-    runs = latest_per_variant(pretraining_runs(client, experiments))
+    runs = latest_per_seed(pretraining_runs(client, experiments))
+    for column in RUN_COLUMNS:  # a store without runs still has the table's columns
+        runs = runs if column in runs else runs.assign(**{column: pd.Series(dtype=object)})
     scores = sweep_scores(client, experiments)
     table = finetuning_table(runs, scores[with_fractions(scores)["fraction"] >= 1])
     ablation = ablation_table(table)
@@ -273,9 +278,10 @@ def build(client, experiment: str | None, out: Path) -> Report:
     files += pretraining_table(runs, out)
     # Few-shot studies go to their own experiment by default: read them from the whole store, for these runs.
     fewshot = fewshot_scores(client, experiment_ids(client, None))
-    claims = judge(runs, hist, scores, fewshot[fewshot["pretraining_run"].isin(runs["run_id"])], pairs)
-    (out / "claims.md").write_text(claims_markdown(claims))
+    claims = judge(runs, hist, scores, fewshot[fewshot["pretraining_run"].isin(runs["run_id"])])
+    (out / "claims.md").write_text(claims_markdown(claims, runs))
     files.append(out / "claims.md")
+    files += runs_table(runs, table, out)
     return Report(out, table, ablation, files, claims=claims)
 
 
@@ -308,6 +314,30 @@ def pretraining_table(runs: pd.DataFrame, out: Path) -> list[Path]:
             "metrics across variants; `loss` is each variant's own weighted sum of different terms.\n\n")
     (out / "pretraining_metrics.md").write_text(note + plain_markdown(shown))
     return [out / "pretraining_metrics.csv", out / "pretraining_metrics.md"]
+
+
+RUN_METRICS = ("aux_mlm_accuracy", "mlm_accuracy", "copy_accuracy_replaced", "lm_accuracy_replaced",
+               REPRESENT_METRICS[0], *PROBE_METRICS)  # the per-run table's pretraining and readout columns
+
+
+def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[Path]:
+    """One row per pretraining run: its seed, the gate's verdict, what the gate and the probes read, and its
+    fine-tuning scores (median over fine-tuning seeds): every number the claims rest on, run by run."""
+    if runs.empty:
+        return []
+    gated = with_gate(runs)
+    table = gated[["preset", "variant", "seed", "run_id", "status", "gate"]].copy()
+    for key in RUN_METRICS:
+        if f"metrics.{key}" in gated:
+            table[key] = gated[f"metrics.{key}"].astype(float)
+    tasks = [c for c in finetuning.columns if c not in RUN_COLUMNS and c != AVG]
+    table = table.merge(finetuning[["run_id", *tasks]], on="run_id", how="left")
+    table = table.sort_values(["preset", "variant", "seed"], kind="stable")
+    table.to_csv(out / "runs.csv", index=False)
+    (out / "runs.md").write_text("Pretraining runs, one row each (the unit of replication): the gate's verdict "
+                                 "(jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
+                                 "seeds (x1)\n\n" + plain_markdown(table))
+    return [out / "runs.csv", out / "runs.md"]
 
 
 def plain_markdown(df: pd.DataFrame) -> str:
@@ -347,10 +377,10 @@ def _representation(runs: pd.DataFrame, pairs: dict[str, pd.DataFrame], out: Pat
     done = runs[runs[present].notna().any(axis=1)]
     summary = done[RUN_COLUMNS].assign(**{c.split("/")[-1]: done.get(c, np.nan) for c in columns})
     summary.to_csv(out / "representation.csv", index=False)
-    body = "\n".join(f"| {r.variant} | {r.preset} | {r.random_cosine_mean:.3f} | {r.similar_cosine_mean:.3f} | "
+    body = "\n".join(f"| {r.variant} | {r.seed} | {r.preset} | {r.random_cosine_mean:.3f} | {r.similar_cosine_mean:.3f} | "
                      f"{r.cosine_gap:.3f} |" for r in summary.itertuples())
-    (out / "representation.md").write_text("Mean [CLS] cosine (Fig. 1/5)\n\n| variant | preset | random pairs | "
-                                           "similar pairs | gap |\n|---|---|---|---|---|\n" + body + "\n")
+    (out / "representation.md").write_text("Mean [CLS] cosine (Fig. 1/5)\n\n| variant | seed | preset | random pairs | "
+                                           "similar pairs | gap |\n|---|---|---|---|---|---|\n" + body + "\n")
     files = [out / "representation.csv", out / "representation.md"]
     cosines = {_label(row): pairs[row["run_id"]] for _, row in done.iterrows() if row["run_id"] in pairs}
     if cosines:

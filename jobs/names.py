@@ -25,9 +25,15 @@ STOP_TAG = "cocolm.stopped"  # set when the pretraining loop stops itself (non-f
 TRIAL_TAG = "cocolm.trial"  # on a trial run: the trial's name (task, grid point, seed)
 ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
 ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)
+PRETRAINING_SEED_TAG = "pretraining_seed"  # on pretraining runs of a study: the seed of init, corruption and data order
+GATE_TAG = "cocolm.gate"  # on a study's pretraining runs: "trained", or which criterion failed (jobs.studies.gate)
+CONTROL_VARIANT = "random_init"  # the study's control: the preset's encoder at initialisation, read out like a variant
 STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
 # jobs.studies.represent, logged on the pretraining run it measures:
 REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
+# jobs.studies.probe, logged on the pretraining run it reads out: linear probes on the frozen encoder's [CLS] and
+# mean-pooled states, SNLI test accuracy
+PROBE_METRICS = ("probe/cls_test_accuracy", "probe/mean_test_accuracy")
 REPRESENT_ARTIFACT = "represent/cosines.csv"  # one row per sentence pair (kind, cosine)
 
 

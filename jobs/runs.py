@@ -12,11 +12,13 @@ import numpy as np
 import pandas as pd
 
 from jobs.cli import UserError
-from jobs.names import (KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, SEED_STAT, STOP_TAG,
-                        best_task, best_task_metric, fewshot_metric, seed_scores, split_fraction)
+from jobs.names import (KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
+                        SEED_STAT, STOP_TAG, best_task, best_task_metric, fewshot_metric, seed_scores, split_fraction)
+from jobs.studies.gate import GATE_PARAMS
 
 # The params that say how much a pretraining run trained: two runs are compared only when these agree.
 BUDGET_PARAMS = ("train.max_steps", "train.global_batch", "data.seq_len")
+SEED_PARAMS = ("train.seed", "data.seed")  # a study's pretraining seed sets both (jobs.studies.ablate)
 
 
 def experiment_ids(client, experiment: str | None) -> list[str]:
@@ -43,30 +45,34 @@ def search(client, experiments: Sequence[str], filter_string: str) -> list:
 
 
 def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
-    """One row per pretraining run: ids, preset, variant, status, times, its training budget
-    (`params.<BUDGET_PARAMS>`), why it stopped itself if it did (`stopped`) and the last value of every
+    """One row per pretraining run: ids, preset, variant, its pretraining seed (`seed`: the study's tag, else
+    the run's train.seed), status, times, its training budget (`params.<BUDGET_PARAMS>`), what the gate
+    reads (`params.<GATE_PARAMS>`), why it stopped itself if it did (`stopped`) and the last value of every
     metric. Sorted by start time, oldest first."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_PRETRAINING}'"):
-        tags = run.data.tags
+        tags, params = run.data.tags, run.data.params
         rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
                      "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
-                     "variant": tags.get("variant", ""), "status": run.info.status,
-                     "start_time": run.info.start_time, "stopped": tags.get(STOP_TAG, ""),
-                     **{f"params.{p}": run.data.params.get(p) for p in BUDGET_PARAMS},
+                     "variant": tags.get("variant", ""),
+                     "seed": str(tags.get(PRETRAINING_SEED_TAG, params.get("train.seed", ""))),
+                     "status": run.info.status, "start_time": run.info.start_time, "stopped": tags.get(STOP_TAG, ""),
+                     **{f"params.{p}": params.get(p) for p in (*BUDGET_PARAMS, *SEED_PARAMS, *GATE_PARAMS)},
                      **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
-    columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "status", "start_time"]
+    columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "seed", "status", "start_time"]
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
     return df.sort_values("start_time", kind="stable").reset_index(drop=True)
 
 
-def latest_per_variant(runs: pd.DataFrame) -> pd.DataFrame:
-    """The run a study reports per (preset, variant): the newest finished one, else the newest of any status."""
+def latest_per_seed(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs a study reports: per (preset, variant, pretraining seed) the newest finished one, else the
+    newest of any status. Every seed of a variant is kept: the pretraining run is the unit of replication."""
     if runs.empty:
         return runs
+    keys = ["preset", "variant", "seed"] if "seed" in runs else ["preset", "variant"]
     ranked = runs.assign(_finished=runs["status"] == "FINISHED").sort_values(["_finished", "start_time"],
                                                                            kind="stable")
-    return ranked.groupby(["preset", "variant"], sort=False).tail(1).drop(columns="_finished") \
+    return ranked.groupby(keys, sort=False).tail(1).drop(columns="_finished") \
         .sort_values("start_time", kind="stable").reset_index(drop=True)
 
 

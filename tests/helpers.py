@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
-from jobs.names import KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, SEED_STAT, best_task_metric
+from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG, SEED_STAT,
+                        best_task_metric)
 from model import EncoderConfig
 
 # MLflow is imported where a helper uses it: `python -m pytest -m gpu` runs on GPU machines that have
@@ -40,12 +41,15 @@ def sentiment_file(path: Path, n: int = 100) -> Path:
 
 
 def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: dict[str, list[float]],
-                         preset: str = "tiny") -> str:
-    """A finished pretraining run as jobs.pretraining leaves it: tags and loss curves (step 10, 20, ...)."""
+                         preset: str = "tiny", seed: int | None = None) -> str:
+    """A finished pretraining run as jobs.pretraining leaves it: tags and loss curves (step 10, 20, ...); with
+    `seed`, tagged with its pretraining seed as jobs.studies.ablate tags it."""
     from mlflow.entities import Metric
 
-    run_id = client.create_run(exp, run_name=f"{preset}-{variant}", tags={
-        KIND_TAG: KIND_PRETRAINING, "preset": preset, "variant": variant}).info.run_id
+    tags = {KIND_TAG: KIND_PRETRAINING, "preset": preset, "variant": variant}
+    if seed is not None:
+        tags[PRETRAINING_SEED_TAG] = str(seed)
+    run_id = client.create_run(exp, run_name=f"{preset}-{variant}", tags=tags).info.run_id
     client.log_batch(run_id, metrics=[Metric(k, v, 0, 10 * (i + 1)) for k, vs in curves.items()
                                       for i, v in enumerate(vs)])
     client.set_terminated(run_id)

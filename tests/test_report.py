@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
 from jobs.names import best_task_metric
-from jobs.runs import latest_per_variant, pretraining_runs
+from jobs.runs import latest_per_seed, pretraining_runs
 from jobs.tracking import experiment_id
 from helpers import fake_pretraining_run, fake_sweep_run
 
@@ -64,11 +64,16 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     for name in ("fig8_copy_lm_accuracy.png", "fig7_scl_cosine.png"):
         assert (tmp_path / "out" / name).stat().st_size > 10_000
     assert not (tmp_path / "out" / "fig1_cls_cosine.png").exists()  # jobs.studies.represent never ran here
-    claims = (tmp_path / "out" / "claims.md").read_text().splitlines()
+    text = (tmp_path / "out" / "claims.md").read_text()
+    gate_rows, claims = text.split("## The claims")[0], text.split("## The claims")[1].splitlines()
+    assert "| tiny | rtd_only | 1 | 1 | - |" in gate_rows  # the gate table opens the file
     rows = [line for line in claims if line.startswith("| ") and "verdict" not in line]
     assert rows and all(line.rstrip().endswith("** |") for line in rows)  # a verdict on every row
-    # 80 vs 75 without per-seed scores: a single number per side is never a verdict
-    assert any("cocolm above rtd_only: SNLI" in line and "**not enough seeds**" in line for line in rows)
+    # one pretraining run a side: never a verdict, whatever its fine-tuning seeds say
+    assert any("cocolm above rtd_only" in line and "**not enough pretraining runs (cocolm: 1, at least 4)**" in line
+               for line in rows)
+    per_run = pd.read_csv(tmp_path / "out" / "runs.csv").set_index("variant")  # one row per pretraining run
+    assert per_run.loc["rtd_only", "gate"] == "trained" and per_run.loc["rtd_only", "SNLI"] == pytest.approx(0.75)
 
 
 def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):
@@ -91,8 +96,8 @@ def test_an_ablation_without_baseline_or_sweeps_has_missing_differences():
     ablation = ablation_table(finetuning_table(runs, scores)).set_index("variant")
     assert np.isnan(ablation.loc["rtd_only", "SNLI diff"])  # no cocolm run of the tiny preset
     empty = finetuning_table(runs, scores.iloc[:0])
-    assert list(empty.columns) == ["preset", "variant", "run_name", "run_id", "AVG"] and empty["AVG"].isna().all()
-    assert "| tiny | rtd_only | a |" in score_markdown(ablation_table(empty), with_diffs=True)
+    assert list(empty.columns) == ["preset", "variant", "seed", "run_name", "run_id", "AVG"] and empty["AVG"].isna().all()
+    assert "| tiny | rtd_only |  | a |" in score_markdown(ablation_table(empty), with_diffs=True)
 
 
 def test_glue_average_needs_all_eight_targets_and_skips_mnli_mm():
@@ -103,7 +108,7 @@ def test_glue_average_needs_all_eight_targets_and_skips_mnli_mm():
     scores = pd.DataFrame([{"pretraining_run": "1", "task": t, "score": s} for t, s in glue.items()]
                           + [{"pretraining_run": "2", "task": t, "score": s} for t, s in glue.items() if t != "CoLA"])
     table = finetuning_table(runs, scores)
-    assert list(table.columns[4:7]) == ["MNLI-m", "MNLI-mm", "QQP"]  # the paper's column order
+    assert list(table.columns[5:8]) == ["MNLI-m", "MNLI-mm", "QQP"]  # the paper's column order
     assert table.loc[0, "AVG"] == pytest.approx(0.8) and np.isnan(table.loc[1, "AVG"])
 
 
@@ -114,7 +119,7 @@ def test_the_newest_finished_run_per_variant_is_reported(tmp_path):
     old = fake_pretraining_run(client, exp, "cocolm", {})
     new = fake_pretraining_run(client, exp, "cocolm", {})
     client.create_run(exp, tags={"kind": "pretraining", "preset": "tiny", "variant": "cocolm"})  # still running
-    chosen = latest_per_variant(pretraining_runs(client, [exp]))
+    chosen = latest_per_seed(pretraining_runs(client, [exp]))
     assert list(chosen["run_id"]) == [new] and old != new
 
 
@@ -171,25 +176,30 @@ def test_label_fractions_get_their_table_figure_and_claim_and_stay_out_of_table_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = experiment_id(client, "fractions", uri)
-    runs = {v: fake_pretraining_run(client, exp, v, {"copy_accuracy_original": [0.9]}) for v in ("cocolm", "clm_only")}
-    # SCL gain: +0.06 at 1% of the labels, +0.01 with all of them: a change of 0.05, beyond the 0.01 noise
-    fake_sweep_run(client, exp, runs["cocolm"], {"SNLI:0.01": 0.50, "SNLI:0.1": 0.60, "SNLI": 0.70}, spread=0.01)
-    fake_sweep_run(client, exp, runs["clm_only"], {"SNLI:0.01": 0.44, "SNLI:0.1": 0.57, "SNLI": 0.69}, spread=0.01)
+    # Four pretraining runs a variant. SCL gain: about +0.06 at 1% of the labels, +0.01 with all of them.
+    for seed, wobble in enumerate((-0.006, -0.002, 0.002, 0.006)):
+        runs = {v: fake_pretraining_run(client, exp, v, {"copy_accuracy_original": [0.9]}, seed=seed)
+                for v in ("cocolm", "clm_only")}
+        fake_sweep_run(client, exp, runs["cocolm"], {"SNLI:0.01": 0.50 + wobble, "SNLI:0.1": 0.60, "SNLI": 0.70},
+                       spread=0.01)
+        fake_sweep_run(client, exp, runs["clm_only"], {"SNLI:0.01": 0.44 - wobble, "SNLI:0.1": 0.57,
+                                                       "SNLI": 0.69 + wobble / 2}, spread=0.01)
     report = build(client, "fractions", tmp_path / "out")
     assert [c for c in report.finetuning.columns if "SNLI" in c] == ["SNLI"]  # Table 1: all the labels only
+    assert len(report.finetuning) == 8  # every pretraining run, each seed its own row
     table = pd.read_csv(tmp_path / "out" / "label_fractions.csv")
-    cocolm = table[table["variant"] == "cocolm"]
-    assert list(cocolm["fraction"]) == [0.01, 0.1, 1.0] and list(cocolm["score"]) == pytest.approx([0.50, 0.60, 0.70])
-    assert list(cocolm["min"]) == pytest.approx([0.49, 0.59, 0.69])
+    cocolm = table[(table["variant"] == "cocolm") & (table["seed"] == 1)]
+    assert list(cocolm["fraction"]) == [0.01, 0.1, 1.0] and list(cocolm["score"]) == pytest.approx([0.498, 0.60, 0.70])
+    assert list(cocolm["min"]) == pytest.approx([0.488, 0.59, 0.69])
     assert (tmp_path / "out" / "fig7cd_label_fractions.png").stat().st_size > 10_000
     markdown = (tmp_path / "out" / "label_fractions.md").read_text()
-    assert "x100" in markdown and "| 50.00 | 49.00 | 51.00 |" in markdown  # the scale of every other score table
+    assert "x100" in markdown and "| 49.80 | 48.80 | 50.80 |" in markdown  # the scale of every other score table
     claim = next(c for c in report.claims if c.source == "Fig. 7c/d")
-    assert claim.verdict == "holds" and "gain x100 +6.00 at 0.01, +1.00 at 1" in claim.numbers
-    assert "5+ seeds per point" in claim.basis
-    table3 = [c for c in report.claims if c.statement.startswith("cocolm above clm_only")]
-    assert [c.statement for c in table3] == ["cocolm above clm_only: SNLI"]  # Table 3 reads all the labels
-    assert "cocolm 70.00 vs clm_only 69.00" in table3[0].numbers
+    assert claim.verdict == "holds" and "4 vs 4 pretraining runs" in claim.basis
+    assert "score at 0.01 minus at 1 of the labels, mean over runs: cocolm -0.200, clm_only -0.250" in claim.numbers
+    table3 = [c for c in report.claims if c.statement.startswith("SCL helps (cocolm above clm_only)")]
+    assert [c.statement for c in table3] == ["SCL helps (cocolm above clm_only): SNLI"]  # Table 3 reads all the labels
+    assert "cocolm 0.700, clm_only 0.690" in table3[0].numbers
 
 
 def test_curves_of_13_variants_each_keep_one_distinct_colour_and_marker_in_every_panel(tmp_path, monkeypatch):

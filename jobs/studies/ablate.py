@@ -1,9 +1,15 @@
 """An ablation study: pretrain every variant, fine-tune each, all in one MLflow experiment.
 
-    python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--set key.sub=value ...]
-        [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
+    python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--pretraining-seeds 4]
+        [--set key.sub=value ...] [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--label-fractions 0.01,0.1,0.2,1.0]
         [--represent-pairs 500] [--tracking-uri URI] [--storage URI] [--experiment NAME]
+
+The pretraining run is the unit of replication: `--pretraining-seeds N` pretrains every variant N times,
+with seeds 0..N-1 for initialisation, corruption and data order together (`train.seed` and `data.seed`),
+each run tagged with its seed (`pretraining_seed`) and, once read out, with the gate's verdict
+(`cocolm.gate`: "trained", or which criterion failed; jobs/studies/gate.py). Seeds are the outer loop:
+an interrupted study has whole seeds done.
 
 Variants are pretrained one after the other (`jobs.pretraining.job.run`): each pretraining run already takes
 the workers its preset asks for, so on a small machine two at once would only contend, and on a
@@ -33,14 +39,17 @@ from jobs import tracking
 
 from jobs.pretraining import job as pretrain
 
-from jobs.cli import NON_NEGATIVE, option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.grid import load_grid
 from jobs.finetuning.sweep import SweepOptions
 from jobs.finetuning.sweep import run as run_sweep
-from jobs.names import COMPARABLE_METRICS, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, REPRESENT_METRICS
-from jobs.pretraining.config import resolve
+from jobs.names import (COMPARABLE_METRICS, GATE_TAG, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
+                        REPRESENT_METRICS, STOP_TAG)
+from jobs.pretraining.config import PretrainConfig, resolve
+from jobs.runs import SEED_PARAMS
 from jobs.studies import represent
+from jobs.studies.gate import gate
 
 
 def _variant_list(text: str) -> tuple[str, ...]:
@@ -61,6 +70,9 @@ class AblationOptions:
     variants: tuple[str, ...] = field(metadata=option(
         "comma list of variant names, e.g. cocolm,rtd_only,clm_only", parse=_variant_list))
     preset: str = field(default="tiny", metadata=option("the preset every variant is pretrained with"))
+    pretraining_seeds: int = field(default=1, metadata=option(
+        "pretrain every variant this many times, seeds 0..N-1 (init, corruption, data order); claims need 4 a side",
+        bounds=AT_LEAST_ONE))
     overrides: tuple[str, ...] = field(default=(), metadata=option(
         "dotted config override for every variant, after its overlay, e.g. train.max_steps=40 (repeatable)",
         flag="--set", repeat=True, metavar="KEY=VALUE"))
@@ -87,11 +99,13 @@ class AblationOptions:
 @dataclass(frozen=True)
 class VariantResult:
     variant: str
+    seed: int
     pretraining_run: str
     pretraining_status: str  # FINISHED | ALREADY_FINISHED
     sweep_run: str = ""  # "" when no tasks
     sweep_status: str = ""  # FINISHED | ALREADY_FINISHED | ""
     represent_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
+    gate: str = ""  # jobs.studies.gate's verdict on the run
 
 
 @dataclass(frozen=True)
@@ -101,27 +115,55 @@ class AblationResult:
     variants: list[VariantResult] = field(default_factory=list)
 
 
+def seed_configs(opts: AblationOptions) -> dict[tuple[int, str], PretrainConfig]:
+    """(seed, variant) -> resolved config, seeds outer. With one pretraining seed the configs are the user's
+    (their `--set train.seed=...` included); with several, seed k sets train.seed and data.seed to k."""
+    pinned = [o for o in opts.overrides if o.split("=", 1)[0].strip() in SEED_PARAMS]
+    if opts.pretraining_seeds > 1 and pinned:
+        raise UserError(f"--set {pinned[0]} fixes the seed that --pretraining-seeds {opts.pretraining_seeds} varies; "
+                        f"drop one of them")
+    if opts.pretraining_seeds == 1:
+        configs = [resolve(opts.preset, v, list(opts.overrides)) for v in opts.variants]
+        return {(cfg.train.seed, v): cfg for v, cfg in zip(opts.variants, configs)}
+    return {(seed, v): resolve(opts.preset, v, [*opts.overrides, *(f"{p}={seed}" for p in SEED_PARAMS)])
+            for seed in range(opts.pretraining_seeds) for v in opts.variants}
+
+
 def run(opts: AblationOptions) -> AblationResult:
-    """Check every variant resolves before any compute, then pretrain (and sweep) them in order."""
+    """Check every variant resolves before any compute, then pretrain (and read out) each seed's variants in order."""
     set_hermetic_env()
-    configs = {v: resolve(opts.preset, v, list(opts.overrides)) for v in opts.variants}  # unknown names fail here
+    configs = seed_configs(opts)  # unknown names fail here
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)
     experiment_id = tracking.experiment_id(client, opts.experiment_name, tracking_uri)  # the driver creates the store first
     pairs = represent.draw_pairs(opts.represent_pairs) if opts.represent_pairs > 0 else None  # the same for every run
     results = []
-    for i, (variant, cfg) in enumerate(configs.items(), 1):
-        print(f"\n=== ablation {opts.experiment_name}: variant {i}/{len(configs)} {variant} ===", flush=True)
+    for i, ((seed, variant), cfg) in enumerate(configs.items(), 1):
+        print(f"\n=== ablation {opts.experiment_name}: run {i}/{len(configs)}: {variant}, pretraining seed {seed} ===",
+              flush=True)
         done = pretrain.run(cfg, tracking_uri, opts.storage, experiment=opts.experiment_name)
+        client.set_tag(done.run_id, PRETRAINING_SEED_TAG, str(seed))
         represent_status = _represent(client, done.run_id, pairs)
+        verdict = _gate(client, done.run_id)
         sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, done.run_id,
-                                                                         variant)
-        results.append(VariantResult(variant, done.run_id, done.status, sweep_run, sweep_status, represent_status))
+                                                                         variant, seed)
+        results.append(VariantResult(variant, seed, done.run_id, done.status, sweep_run, sweep_status, represent_status,
+                                     verdict))
     print(_summary(opts, tracking_uri, results))
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
+
+
+def _gate(client, run_id: str) -> str:
+    """The gate's verdict on a finished pretraining run, tagged on it and printed."""
+    run = client.get_run(run_id)
+    result = gate(run.data.tags.get("variant", ""), run.info.status, run.data.tags.get(STOP_TAG, ""),
+                  run.data.metrics, run.data.params)
+    client.set_tag(run_id, GATE_TAG, result.verdict[:5000])
+    print(f"gate: {result.verdict} (checked: {', '.join(result.checked) or 'nothing'})", flush=True)
+    return result.verdict
 
 
 def finished_sweep(client, experiment: str, pretraining_run: str, tasks: str, grid: str, seeds: tuple[int, ...],
@@ -151,7 +193,8 @@ def _represent(client, pretraining_run: str, pairs) -> str:
     return "FINISHED"
 
 
-def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: str, variant: str) -> tuple[str, str]:
+def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: str, variant: str,
+           seed: int) -> tuple[str, str]:
     grid = load_grid(opts.grid).name  # the sweep logs the grid by name (a file's stem)
     existing = finished_sweep(client, opts.experiment_name, pretraining_run, opts.tasks, grid, opts.seeds,
                               opts.label_fractions)
@@ -162,16 +205,17 @@ def _sweep(opts: AblationOptions, client, tracking_uri: str, pretraining_run: st
         source=pretraining_run, tasks=opts.tasks, data_dir=opts.data_dir, grid=opts.grid, seeds=opts.seeds,
         label_fractions=opts.label_fractions, tracking_uri=tracking_uri,
         max_train=opts.max_train, max_dev=opts.max_dev, experiment=opts.experiment_name,
-        name=f"sweep-{variant}-{grid}-{opts.tasks}"[:200]))  # its parent takes preset/variant from the pretraining run
+        name=f"sweep-{variant}-s{seed}-{grid}-{opts.tasks}"[:200]))  # its parent takes preset/variant from the pretraining run
     return result.run_id, "FINISHED"
 
 
 def _summary(opts: AblationOptions, tracking_uri: str, results: list[VariantResult]) -> str:
-    lines = [f"\nablation study {opts.experiment_name!r} ({len(results)} variants):"]
+    lines = [f"\nablation study {opts.experiment_name!r} ({len(results)} pretraining runs):"]
     for r in results:
         sweep = f"; sweep {r.sweep_run} {r.sweep_status}" if r.sweep_run else ""
         sweep += f"; representation {r.represent_status}" if r.represent_status else ""
-        lines.append(f"  {r.variant:<16} pretraining {r.pretraining_run} {r.pretraining_status}{sweep}")
+        lines.append(f"  {r.variant:<16} seed {r.seed} pretraining {r.pretraining_run} {r.pretraining_status}{sweep}; "
+                     f"gate: {r.gate}")
     lines += [f"tables and figures: python -m analysis.report --experiment {opts.experiment_name} "
               f"--tracking-uri {tracking_uri} --out report-{opts.experiment_name}"]
     return "\n".join(lines)
@@ -186,7 +230,7 @@ def comparable_metrics(client, results: list[VariantResult]) -> str:
         metrics = client.get_run(r.pretraining_run).data.metrics
         shown = "  ".join(f"{k} {metrics[k]:.3f}" for k in COMPARABLE_METRICS if k in metrics)
         own = f"  | loss {metrics['loss']:.3f}" if "loss" in metrics else ""
-        lines.append(f"  {r.variant:<16} {shown}{own}")
+        lines.append(f"  {r.variant:<16} s{r.seed} {shown}{own}")
     return "\n".join(lines)
 
 

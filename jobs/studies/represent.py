@@ -44,7 +44,7 @@ from jobs.finetuning.tasks.snli import read_snli
 from jobs.finetuning.tasks.specs import SNLI
 from jobs.finetuning.tasks.task import Split
 from jobs.names import REPRESENT_ARTIFACT, REPRESENT_METRICS
-from jobs.runs import experiment_ids, latest_per_variant, pretraining_runs
+from jobs.runs import experiment_ids, latest_per_seed, pretraining_runs
 from jobs.studies.figures import representation_figure
 
 SEED = 0
@@ -162,7 +162,7 @@ def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
     client = MlflowClient(tracking_uri)
     run_ids = list(opts.runs)
     if not run_ids:
-        runs = latest_per_variant(pretraining_runs(client, experiment_ids(client, opts.experiment)))
+        runs = latest_per_seed(pretraining_runs(client, experiment_ids(client, opts.experiment)))
         run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
         if not run_ids:
             raise UserError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
