@@ -2,7 +2,9 @@
 
 import base64
 import http.server
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -11,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import UserError
+from jobs.cli import UserError, redact
+from jobs.pretraining.config import resolve, to_yaml
 from jobs.submit import runtime_env
-from jobs.tracking import COMMIT_ENV, CREDENTIAL_VARIABLES, check_storage, check_tracking, git_commit, ui_links
+from jobs.tracking import (COMMIT_ENV, CREDENTIAL_VARIABLES, check_storage, check_tracking, git_commit, holding_run,
+                           lock_path, ui_links)
 
 
 def test_jobs_print_direct_links_to_the_run_the_runs_table_and_the_compare_view():
@@ -165,11 +169,6 @@ def test_submit_merges_the_commit_into_the_runtime_env_file(tmp_path):
 
 
 def test_a_run_lock_is_exclusive_released_on_failure_and_taken_over_from_a_dead_process(tmp_path, capsys):
-    import json
-    import socket
-
-    from jobs.tracking import holding_run, lock_path
-
     storage = str(tmp_path / "storage")
     lock = lock_path(storage, "mine")
     with pytest.raises(KeyError):
@@ -196,9 +195,6 @@ def test_a_run_lock_is_exclusive_released_on_failure_and_taken_over_from_a_dead_
 
 
 def test_credentials_in_a_corpus_uri_are_never_logged_or_stored(tmp_path):
-    from jobs.cli import redact
-    from jobs.pretraining.config import resolve, to_yaml
-
     assert redact("s3://AKIAKEY:s3cr3t@bucket/corpus/") == "s3://***@bucket/corpus/"
     assert redact("https://user:pw@host/x.jsonl?X-Amz-Signature=abc") == "https://***@host/x.jsonl?***"
     assert redact("data/corpus") == "data/corpus" and redact("gs://bucket/x") == "gs://bucket/x"
