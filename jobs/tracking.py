@@ -230,7 +230,7 @@ def holding_run(storage: str, run_name: str):
 
 
 def _take_lock(path: Path, run_name: str) -> None:
-    mine = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
+    mine = {"host": socket.gethostname(), "pid": os.getpid(), "user": _user(),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for _ in range(3):
         try:
@@ -249,6 +249,14 @@ def _take_lock(path: Path, run_name: str) -> None:
             json.dump(mine, f)
         return
     raise UserError(_held_message(run_name, path, _read_lock(path)))
+
+
+def _user() -> str:
+    """The account's name, or its uid where it has none (a container's user without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def _held_message(run_name: str, path: Path, holder: dict | None) -> str:
