@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
+import reprlib
 import sys
 import typing
 from collections.abc import Callable, Iterable
@@ -77,18 +79,74 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
 
 def read_yaml(path: Path) -> Any:
     """A YAML file that a user passes or edits (preset, variant overlay, grid), parsed before any work
-    starts; a missing file or a syntax error is a UserError naming the file and the line."""
+    starts; a missing file, a syntax error or an alias is a UserError naming the file and the line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"cannot read {path}: {error}") from error
+    return load_yaml(text, str(path))
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader minus aliases (`*name`). A 414-byte file of nested aliases expands to a billion
+    values ("billion laughs"): loading it is cheap, but anything that then walks the value (a check,
+    an error message) hangs. No preset, variant, grid or config this platform writes uses one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "an alias (*name), which this platform does not "
+                                              "accept: write the value out", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """YAML text from a user's file or flag, without aliases; an error names `where` and the line."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=NoAliasLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+        at = f"{where}, line {mark.line + 1}" if mark is not None else where
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise UserError(f"{where}: not valid YAML ({problem})") from error
+        raise UserError(f"{at}: not valid YAML ({problem})") from error
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 40, 40
+_SHORT.maxdict = _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = 4
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr(value) for an error message, at most `limit` characters, built without walking the whole
+    value: a huge or deeply nested one (a bad YAML file's) costs no more than a small one."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def redact(uri: str) -> str:
+    """`uri` as it may be logged or printed: the user name and password before the host (everything up
+    to the last @ before any ? or #) and the query (a signed URL's signature) replaced by ***, e.g.
+    s3://key:secret@bucket/x -> s3://***@bucket/x. Anything that is not a URI comes back unchanged."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    head, query, _ = rest.partition("?")
+    head, fragment, tail = head.partition("#")
+    if "@" in head:
+        head = "***@" + head[head.rindex("@") + 1:]
+    return f"{scheme}://{head}{fragment}{tail}{'?***' if query else ''}"
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+def check_name(what: str, value: str) -> str:
+    """A name that becomes a folder, a file name or a tracking-store filter (a run name, a preset, a
+    variant, an experiment): letters, digits and . _ + - only, not starting with . or another sign, at
+    most 128 characters; so `../x` cannot leave its folder and a quote cannot end a filter string."""
+    if not SAFE_NAME.fullmatch(value):
+        raise UserError(f"{what} {value!r:.80} is not a safe name: use letters, digits and . _ + - "
+                        f"(starting with a letter or digit, at most 128 characters)")
+    return value
 
 
 def option(help: str, flag: str | None = None, parse: Callable[[str], Any] | None = None,

@@ -8,8 +8,11 @@ so a store relative to the working directory would vanish with it.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import getpass
 import json
 import os
+import socket
 import subprocess
 import tempfile
 import urllib.error
@@ -24,11 +27,34 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.rest_utils import http_request
 
-from jobs.cli import UserError
+from jobs.cli import UserError, check_name
 from jobs.names import RUN_KEY_TAG
 
 def home() -> Path:
     return Path(os.environ.get("COCOLM_HOME", "~/cocolm-ray")).expanduser().resolve()
+
+
+@contextlib.contextmanager
+def private_files():
+    """Files and folders made inside the block are owner-only from the moment they exist (umask 077),
+    not created open and tightened after: the tracking store, checkpoints and locks hold runs that
+    other accounts on the machine must neither read nor replace (docs/design.md section 8)."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def private_folder(path: Path, tighten: bool = False) -> Path:
+    """`path` and its missing parents, made owner-only (0700). With `tighten`, a folder that exists
+    already and is this account's (an older $COCOLM_HOME, a run's folder) is set to 0700 too; a
+    folder the user chose for other things (--storage, a tracking database's) is left as it is."""
+    with private_files():
+        path.mkdir(parents=True, exist_ok=True)
+    if tighten and path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
+    return path
 
 
 def default_tracking_uri() -> str:
@@ -46,7 +72,8 @@ def check_storage(storage: str) -> None:
         return
     path = Path(storage.removeprefix("file://")).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        with private_files():
+            path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
             pass
     except OSError as error:
@@ -73,7 +100,12 @@ def check_tracking(uri: str, timeout: float = 5.0) -> None:
             ) from None
         check_credentials(uri, timeout)
     elif uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        database = Path(uri.removeprefix("sqlite:///"))
+        private_folder(database.parent, tighten=database.parent == home())
+        with private_files(), contextlib.suppress(FileExistsError):  # empty is a valid sqlite database
+            os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        if database.parent == home() and database.stat().st_uid == os.getuid():
+            database.chmod(0o600)  # one made world-readable before this rule
 
 
 def check_credentials(uri: str, timeout: float = 5.0) -> None:
@@ -111,12 +143,21 @@ def experiment_id(client: MlflowClient, name: str, tracking_uri: str) -> str:
         return found.experiment_id
     location = None
     if tracking_uri.startswith("sqlite:///"):
+        check_experiment_name(name, tracking_uri)
         location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts" / name).as_uri()
     return client.create_experiment(name, artifact_location=location)
 
 
+def check_experiment_name(name: str, tracking_uri: str, what: str = "experiment") -> None:
+    """In a sqlite store an experiment's name is its artifact folder's (experiment_id): a safe name."""
+    if tracking_uri.startswith("sqlite:///"):
+        check_name(what, name)
+
+
 def find_run(client: MlflowClient, experiment: str, run_key: str) -> Run | None:
-    """The run tagged with `run_key`, or None."""
+    """The run tagged with `run_key`, or None. MLflow's filter strings have no escape for a quote, so the
+    key is a safe name (jobs.cli.check_name) before it is written into one."""
+    check_name("run name", run_key)
     existing = client.search_runs([experiment], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'", max_results=1)
     return existing[0] if existing else None
 
@@ -132,6 +173,127 @@ def find_or_start_run(
         return run.info.run_id, run.info.status
     run = client.create_run(experiment, run_name=run_name, tags={RUN_KEY_TAG: run_key, **tags})
     return run.info.run_id, "NEW"
+
+
+def changed_settings(run: Run, params: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, logged value, new value) for each setting `run` logged with another value. MLflow keeps one
+    value per param, so a run can only resume with the settings it started with; a key the run never
+    logged (added to the config since) is not a change."""
+    logged = run.data.params
+    return [(key, logged[key], str(value)) for key, value in params.items()
+            if key in logged and logged[key] != str(value)]
+
+
+def check_same_settings(run: Run, params: dict[str, Any], run_name: str) -> None:
+    """A named run re-run with another setting: one error naming the key and both values, said before
+    anything starts and before the run is touched (its status stays what it was)."""
+    changed = changed_settings(run, params)
+    if not changed:
+        return
+    listed = "; ".join(f"{key} was {old}, now {new}" for key, old, new in changed[:3])
+    more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+    raise UserError(
+        f"run {run_name} (MLflow run {run.info.run_id}, {run.info.status}) has other settings: {listed}{more}. "
+        f"A run keeps the settings it started with: re-run with those to resume it, or give the new "
+        f"settings another --name")
+
+
+# ----------------------------------------------------------------------------- one command per run
+
+
+LOCK_FILE = ".cocolm-run.lock"  # in the run's storage folder, beside Ray Train's files
+
+
+def lock_path(storage: str, run_name: str) -> Path:
+    """The run's lock: in its storage folder when that is local; for cloud storage, under $COCOLM_HOME
+    (so it keeps out two commands on this machine, not on two machines)."""
+    if "://" in storage and not storage.startswith("file://"):
+        where = home() / "locks" / urllib.parse.quote(storage.rstrip("/"), safe="")
+    else:
+        where = Path(storage.removeprefix("file://")).expanduser().resolve()
+    return where / check_name("run name", run_name) / LOCK_FILE
+
+
+@contextlib.contextmanager
+def holding_run(storage: str, run_name: str):
+    """The run for this command alone: a lock file created atomically (O_EXCL) in the run's folder,
+    holding host, pid, user and start time, removed when the block ends, on failure too. A second
+    command on the run is refused, naming who holds it; a lock left by a process that died on this
+    host is taken over, with a line that says so."""
+    path = lock_path(storage, run_name)
+    private_folder(path.parent, tighten=True)  # the run's checkpoints go here: owner-only before Ray writes
+    _take_lock(path, run_name)
+    try:
+        yield path
+    finally:
+        _release_lock(path)
+
+
+def _take_lock(path: Path, run_name: str) -> None:
+    mine = {"host": socket.gethostname(), "pid": os.getpid(), "user": _user(),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            holder = _read_lock(path)
+            if holder is None or not _died_here(holder):
+                raise UserError(_held_message(run_name, path, holder)) from None
+            print(f"run {run_name}: taking over its lock from pid {holder.get('pid')} on {holder.get('host')} "
+                  f"(user {holder.get('user')}, since {holder.get('started')}), which is no longer running",
+                  flush=True)
+            if _read_lock(path) == holder:  # not taken over meanwhile by another command
+                path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(mine, f)
+        return
+    raise UserError(_held_message(run_name, path, _read_lock(path)))
+
+
+def _user() -> str:
+    """The account's name, or its uid where it has none (a container's user without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def _held_message(run_name: str, path: Path, holder: dict | None) -> str:
+    who = ("another command that is taking it now" if holder is None else
+           f"{holder.get('user')}'s command, pid {holder.get('pid')} on {holder.get('host')}, "
+           f"since {holder.get('started')}")
+    return (f"run {run_name} is live: it is held by {who} (lock {path}). One command per run: wait for it "
+            f"to end, or give this one another --name; if that process is gone and its host cannot say so, "
+            f"delete the lock")
+
+
+def _read_lock(path: Path) -> dict | None:
+    """The holder a lock names; None while its writer has created it but not yet written it."""
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _died_here(holder: dict) -> bool:
+    """The lock's process ran on this host and is gone (a pid another account runs still counts as alive)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _release_lock(path: Path) -> None:
+    holder = _read_lock(path)
+    if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        path.unlink(missing_ok=True)
 
 
 def end_run(client: MlflowClient, run_id: str, ok: bool) -> None:

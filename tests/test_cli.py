@@ -186,3 +186,134 @@ def test_a_malformed_grid_file_is_one_line_naming_file_and_line(capsys, monkeypa
 ])
 def test_step_compile_options_are_checked_before_ray_starts(capsys, monkeypatch, tmp_path, override, message):
     pretrain_in_process(capsys, monkeypatch, tmp_path, ["--set", override], message)
+
+
+# ----------------------------------------------------------------------------- names, files and runs a user gives
+
+LAUGHS = "".join(f"- &{c} [{', '.join([f'*{p}' if p else 'lol'] * 9)}]\n"
+                 for p, c in zip(["", *"abcdefgh"], "abcdefghi"))  # 9^9 strings once expanded, in 387 bytes
+
+
+def test_a_billion_laughs_file_is_one_quick_error(capsys, monkeypatch, tmp_path):
+    """Loading it was safe, but the error message formatted the whole expanded value (minutes, GBs)."""
+    import time
+
+    from jobs.finetuning.sweep import main
+
+    grid = tmp_path / "laughs.yaml"
+    grid.write_text(LAUGHS)
+    started = time.perf_counter()
+    argv = ["--from", "x", "--grid", str(grid), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    one_line_in_process(capsys, monkeypatch, tmp_path, main, argv, f"error: {grid}, line 2: not valid YAML (an alias")
+    assert time.perf_counter() - started < 10
+
+
+def test_an_error_message_shows_a_huge_value_without_walking_it():
+    import time
+
+    import yaml
+
+    from jobs.cli import short_repr
+
+    expanded = yaml.safe_load(LAUGHS)  # what a loader that accepts aliases gives: 9^9 strings
+    started = time.perf_counter()
+    shown = short_repr(expanded)
+    assert len(shown) <= 60 and shown.startswith("[['lol', 'lol'") and time.perf_counter() - started < 0.1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--name", "it's"], "error: --name \"it's\" is not a safe name"),
+    (["--name", "../../elsewhere"], "error: --name '../../elsewhere' is not a safe name"),
+    (["--experiment", "../../elsewhere"], "error: --experiment '../../elsewhere' is not a safe name"),
+])
+def test_names_that_would_leave_their_folder_or_break_a_filter_are_refused(capsys, monkeypatch, tmp_path, args, message):
+    pretrain_in_process(capsys, monkeypatch, tmp_path, args, message)
+
+
+def test_a_preset_path_outside_the_presets_folder_is_refused(capsys, monkeypatch, tmp_path):
+    """A preset file outside platform/presets, named by a relative path, used to be loaded, and the run's
+    checkpoints went where its name pointed."""
+    from jobs.pretraining.config import PRESETS
+    from jobs.pretraining.job import main
+
+    (tmp_path / "x.yaml").write_text((PRESETS / "tiny.yaml").read_text())
+    escape = os.path.relpath(tmp_path / "x", PRESETS)
+    argv = ["--preset", escape, "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    one_line_in_process(capsys, monkeypatch, tmp_path, main, argv, f"error: preset '{escape}' is not a safe name")
+
+
+def named_run(tmp_path: Path, name: str, status: str, *overrides: str) -> str:
+    """A run of `jobs.pretraining --preset tiny --name NAME` as the job leaves it (its params and tags),
+    in the sqlite store the tests' commands use; its run id."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.names import RUN_KEY_TAG
+    from jobs.pretraining.config import resolve
+    from jobs.tracking import experiment_id, log_params
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(experiment_id(client, "pretraining", uri), run_name=name,
+                               tags={RUN_KEY_TAG: name}).info.run_id
+    log_params(client, run_id, resolve("tiny", "cocolm", list(overrides)).flat())
+    client.set_terminated(run_id, status)
+    return run_id
+
+
+def run_status(tmp_path: Path, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{tmp_path}/m.db").get_run(run_id).info.status
+
+
+@pytest.mark.parametrize("status", ["FINISHED", "FAILED"])
+def test_a_named_run_with_a_changed_setting_is_one_error_and_keeps_its_status(capsys, monkeypatch, tmp_path, status):
+    """Used to mark the run RUNNING, start Ray, then fail on MLflow's "Changing param values is not
+    allowed" and leave it RUNNING; a FINISHED one said "already finished" and ran nothing (exit 0)."""
+    from jobs.pretraining.job import main
+
+    run_id = named_run(tmp_path, "mine", status, "train.peak_lr=0.001")
+    capsys.readouterr()  # MLflow's lines from making that store
+    argv = ["--preset", "tiny", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--name", "mine"]
+    one_line_in_process(capsys, monkeypatch, tmp_path, main, argv + ["--set", "train.peak_lr=0.002"],
+                        f"error: run mine (MLflow run {run_id}, {status}) has other settings: "
+                        f"train.peak_lr was 0.001, now 0.002")
+    assert run_status(tmp_path, run_id) == status
+    assert not list((tmp_path / "home" / "ray_results" / "mine").iterdir())  # the lock is gone too
+
+
+def test_the_same_settings_still_resume_and_the_run_is_private_from_its_first_file(monkeypatch, tmp_path):
+    """The README's resume: the same command goes on past every check (to Ray, trapped here). What it
+    made is owner-only: $COCOLM_HOME, the tracking database, the run's checkpoint folder."""
+    from jobs.pretraining.job import main
+
+    run_id = named_run(tmp_path, "mine", "FAILED", "train.peak_lr=0.001")
+
+    def ray_starts(*args, **kwargs):
+        raise RuntimeError("Ray starts here")
+
+    monkeypatch.setattr("jobs.pretraining.job.init_ray", ray_starts)
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    with pytest.raises(RuntimeError, match="Ray starts here"):
+        main(["--preset", "tiny", "--name", "mine", "--set", "train.peak_lr=0.001"])
+    assert run_status(tmp_path, run_id) == "FAILED"  # not touched before Ray: it is marked when training starts
+    home = tmp_path / "home"
+    assert [(p.name, p.stat().st_mode & 0o777) for p in (home, home / "mlflow.db", home / "ray_results" / "mine")] \
+        == [("home", 0o700), ("mlflow.db", 0o600), ("mine", 0o700)]
+    assert list((home / "ray_results" / "mine").iterdir()) == []  # its lock released on the way out
+
+
+def test_a_run_another_command_holds_is_refused_with_who_holds_it(capsys, monkeypatch, tmp_path):
+    """Two identical commands 2 s apart used to both run to the end on one MLflow run."""
+    import getpass
+    import socket
+
+    from jobs.pretraining.job import main
+    from jobs.tracking import holding_run
+
+    argv = ["--preset", "tiny", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--name", "mine"]
+    with holding_run(str(tmp_path / "home" / "ray_results"), "mine"):  # the first command, live (this process)
+        one_line_in_process(capsys, monkeypatch, tmp_path, main, argv,
+                            f"error: run mine is live: it is held by {getpass.getuser()}'s command, pid {os.getpid()} "
+                            f"on {socket.gethostname()}, since ")
+    assert finished_or_failed_runs(tmp_path) == 0

@@ -18,7 +18,7 @@ import pytest
 from jobs.cli import UserError
 from jobs.data.corpus import shipped_corpus
 from jobs.data.pack import PackOptions, run as pack
-from jobs.data.packed import BLOCKS_FILE, META_FILE, TOKENIZER_FILE, load_blocks
+from jobs.data.packed import BLOCKS_FILE, META_FILE, TOKENIZER_FILE, load_blocks, save_blocks
 from jobs.studies.curves import CurvesOptions, LEFT_PRIOR, left_prior, run, split_heldout
 from model.corruption import SpecialTokens
 
@@ -70,6 +70,27 @@ def test_missing_blocks_or_blocks_of_another_length_say_what_to_run(packed, tmp_
         load_blocks(tmp_path, SEQ_LEN)
     with pytest.raises(ValueError, match=f"{packed} holds blocks of {SEQ_LEN} tokens .* data.seq_len=64"):
         load_blocks(packed, 64)
+
+
+def test_repacking_replaces_the_folder_whole_or_leaves_it_as_it_was(tmp_path):
+    """A packing that fails midway (here: a description that cannot be written, after the blocks were)
+    leaves the old folder as it was: no new blocks.npy beside the old blocks.json."""
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / TOKENIZER_FILE).write_text("{}")
+    folder = tmp_path / "blocks"
+    old = np.ones((3, 8), dtype=np.int32)
+    save_blocks(old, tokenizer, 100, "shipped", folder)
+    with pytest.raises(TypeError):
+        save_blocks(np.zeros((5, 8), dtype=np.int32), tokenizer, 100, {"not": object()}, folder)
+    blocks, meta = load_blocks(folder, 8)
+    assert blocks.tolist() == old.tolist() and meta["blocks"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks", "tokenizer"]  # no staging left behind
+    save_blocks(np.zeros((5, 8), dtype=np.int32), tokenizer, 100, "shipped", folder)
+    assert load_blocks(folder, 8)[1]["blocks"] == 5 and sorted(p.name for p in tmp_path.iterdir()) == ["blocks", "tokenizer"]
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=f"--out {tmp_path} holds other files \\(blocks, notes.txt, tokenizer\\)"):
+        save_blocks(old, tokenizer, 100, "shipped", tmp_path)  # `--out .`: never moved away whole
 
 
 def test_heldout_blocks_are_a_seeded_disjoint_draw():

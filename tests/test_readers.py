@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from jobs.cli import UserError
 from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.tasks.glue import read_glue_hub, read_glue_task
 from jobs.finetuning.tasks.snli import SNLI_DEV_PAIRS, read_snli
@@ -225,3 +226,26 @@ def test_label_fraction_subsets_are_nested_seeded_and_class_balanced(tmp_path):
     assert texts[0.01] < texts[0.1] < texts[0.5] < texts[1.0]  # nested
     assert label_subset(task, 0.1).train.text == subsets[0.1].train.text  # seeded: the same every time
     assert subsets[0.1].dev == task.dev and "0.1 of the training labels: 40 of 400 (class-balanced" in subsets[0.1].notes[-1]
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("labels.tsv", "text\tlabel\n" + "".join(f"row {i}\t{i % 2}\n" for i in range(20)) + "odd\tnan\n",
+     r"labels.tsv, line 22: label 'nan' is not a finite number"),
+    ("scores.csv", "text,label\n" + "".join(f"row {i},{i / 7:.3f}\n" for i in range(20)) + "odd,inf\n",
+     r"scores.csv, line 22: label 'inf' is not a finite number"),
+    ("latin1.csv", "text,label\nfine,a\ncaf\xe9,b\n".encode("latin-1"), r"latin1.csv, line 3: not UTF-8 \(byte 0xe9\)"),
+    ("huge.csv", "text,label\nfine,a\n" + "x" * (200 * 1024) + ",b\n",
+     r"huge.csv, line 3: not a readable CSV row \(field larger than field limit"),
+    ("numbers.jsonl", '{"text": "fine", "label": "a"}\n{"text": 5, "label": "b"}\n',
+     r"numbers.jsonl, line 2: 'text' is 5, not a string"),
+])
+def test_a_bad_user_file_is_one_error_naming_the_file_and_line(tmp_path, name, content, message):
+    """Each of these used to be a traceback (ValueError, OverflowError, UnicodeDecodeError, _csv.Error,
+    or a TypeError in the tokenizer for a number as text)."""
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(UserError, match=message):
+        read_user_task(path)

@@ -107,3 +107,27 @@ def test_cached_tokenizer_is_trained_once_per_checksum(ray_local, tmp_path, monk
     assert tokenizer_job.cached_default_tokenizer(300, paths=corpus) == first
     assert tokenizer_job.tokenizer_key(corpus, 301, False) != first.name  # vocab size is in the key
     assert tokenizer_job.tokenizer_key(corpus, 300, True) != first.name  # and case
+    assert (tmp_path / "cache" / "tokenizers").stat().st_mode & 0o777 == 0o700  # owner-only cache
+
+
+def test_the_cache_key_is_the_corpus_content_not_its_names_and_sizes(tmp_path):
+    """A same-size edit (or the same bytes under another name) is judged by content, as is each
+    object behind a URI, by its size and modification time as the store lists them."""
+    import os
+
+    import pyarrow.fs
+
+    from jobs.data.tokenizer import object_listing, tokenizer_key
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat.\n")
+    before = tokenizer_key([str(corpus)], 300, False)
+    corpus.write_text("the dog sat on the mat.\n")  # same name, same size, other text
+    assert tokenizer_key([str(corpus)], 300, False) != before
+    renamed = tmp_path / "renamed.txt"
+    renamed.write_text("the cat sat on the mat.\n")
+    assert tokenizer_key([str(renamed)], 300, False) == before  # the bytes decide, not the name
+    local = pyarrow.fs.LocalFileSystem()
+    listed = object_listing(local, str(tmp_path))
+    os.utime(renamed, ns=(10**18, 10**18))  # an object rewritten in place: same size, new time
+    assert object_listing(local, str(tmp_path)) != listed

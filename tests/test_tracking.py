@@ -2,7 +2,9 @@
 
 import base64
 import http.server
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -11,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cli import UserError
+from jobs.cli import UserError, redact
+from jobs.pretraining.config import resolve, to_yaml
 from jobs.submit import runtime_env
-from jobs.tracking import COMMIT_ENV, CREDENTIAL_VARIABLES, check_storage, check_tracking, git_commit, ui_links
+from jobs.tracking import (COMMIT_ENV, CREDENTIAL_VARIABLES, check_storage, check_tracking, git_commit, holding_run,
+                           lock_path, ui_links)
 
 
 def test_jobs_print_direct_links_to_the_run_the_runs_table_and_the_compare_view():
@@ -159,3 +163,61 @@ def test_submit_merges_the_commit_into_the_runtime_env_file(tmp_path):
     env_file.write_text("- not a mapping\n")
     with pytest.raises(UserError, match="a runtime env is a mapping"):
         runtime_env(str(env_file), "abc123")
+
+
+# ----------------------------------------------------------------------------- one command per run
+
+
+def test_a_run_lock_is_exclusive_released_on_failure_and_taken_over_from_a_dead_process(tmp_path, capsys):
+    storage = str(tmp_path / "storage")
+    lock = lock_path(storage, "mine")
+    with pytest.raises(KeyError):
+        with holding_run(storage, "mine"):
+            holder = json.loads(lock.read_text())
+            assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname() and holder["user"]
+            assert lock.stat().st_mode & 0o777 == 0o600 and lock.parent.stat().st_mode & 0o777 == 0o700
+            with pytest.raises(UserError, match=f"run mine is live: it is held by .* pid {os.getpid()}"):
+                with holding_run(storage, "mine"):
+                    pass  # a second command on the same run
+            raise KeyError("the run failed")
+    assert not lock.exists()  # released on the way out, on failure too
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that ran on this host and is gone: a driver killed mid-run
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "user": "u", "started": "then"}))
+    with holding_run(storage, "mine"):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert f"run mine: taking over its lock from pid {dead.pid} on {socket.gethostname()}" in capsys.readouterr().out
+    lock.write_text(json.dumps({"host": "another-host", "pid": dead.pid, "user": "u", "started": "then"}))
+    with pytest.raises(UserError, match=f"held by u's command, pid {dead.pid} on another-host"):
+        with holding_run(storage, "mine"):
+            pass  # this host cannot tell whether it still runs there
+    assert json.loads(lock.read_text())["host"] == "another-host"  # and it is not removed
+
+
+def test_credentials_in_a_corpus_uri_are_never_logged_or_stored(tmp_path):
+    assert redact("s3://AKIAKEY:s3cr3t@bucket/corpus/") == "s3://***@bucket/corpus/"
+    assert redact("https://user:pw@host/x.jsonl?X-Amz-Signature=abc") == "https://***@host/x.jsonl?***"
+    assert redact("data/corpus") == "data/corpus" and redact("gs://bucket/x") == "gs://bucket/x"
+    cfg = resolve("tiny", "cocolm", ['data.paths=["s3://AKIAKEY:s3cr3t@bucket/corpus/", "https://u:pw@h/x"]'])
+    assert cfg.data.paths[0] == "s3://AKIAKEY:s3cr3t@bucket/corpus/"  # what Ray Data reads keeps them
+    shown = str(cfg.flat()) + to_yaml(cfg) + cfg.digest()
+    assert "s3cr3t" not in shown and "u:pw" not in shown and "s3://***@bucket/corpus/" in cfg.flat()["data.paths"]
+    rotated = resolve("tiny", "cocolm", ['data.paths=["s3://AKIAKEY:n3w@bucket/corpus/", "https://u:pw2@h/x"]'])
+    assert rotated.digest() == cfg.digest()  # new credentials, the same run
+
+
+def test_the_store_and_checkpoint_folders_are_owner_only_when_made_not_after(tmp_path):
+    """Made under umask 077: no moment in which another account could open them (outside $COCOLM_HOME,
+    where nothing is tightened after the fact, so this sees the mode they were created with)."""
+    previous = os.umask(0o022)  # a usual login's: new files readable by all
+    try:
+        check_tracking(f"sqlite:///{tmp_path}/new/store/mlflow.db")
+        check_storage(str(tmp_path / "checkpoints" / "mine"))
+        assert os.umask(0o022) == 0o022  # given back as it was
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in
+             (tmp_path / "new", tmp_path / "new" / "store", tmp_path / "new" / "store" / "mlflow.db",
+              tmp_path / "checkpoints", tmp_path / "checkpoints" / "mine")}
+    assert modes == {"new": 0o700, "new/store": 0o700, "new/store/mlflow.db": 0o600, "checkpoints": 0o700,
+                     "checkpoints/mine": 0o700}

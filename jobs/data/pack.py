@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from jobs.cli import Range, UserError, option, parse_options, run_main
+from jobs.cli import Range, UserError, option, parse_options, redact, run_main
 from jobs.data.config import DataConfig
 from jobs.data.corpus import skip_summary
-from jobs.data.packed import save_blocks
+from jobs.data.packed import check_out_folder, save_blocks
 from jobs.data.stream import build_stream, check_inputs
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
@@ -41,6 +41,7 @@ class PackOptions:
 def pack_corpus(cfg: DataConfig, folder: Path) -> dict:
     """Every block of the stream, sorted, into `folder`; the folder's description."""
     check_inputs(cfg)
+    check_out_folder(folder)
     started = not ray.is_initialized()
     init_ray()
     tokenizer_dir = resolve_tokenizer(cfg)
@@ -50,11 +51,11 @@ def pack_corpus(cfg: DataConfig, folder: Path) -> dict:
     if started:  # a session the caller opened stays open
         ray.shutdown()
     if not parts:
-        raise UserError(f"the corpus {list(cfg.paths) or 'data/corpus'} gave no blocks")
+        raise UserError(f"the corpus {[redact(p) for p in cfg.paths] or 'data/corpus'} gave no blocks")
     blocks = np.concatenate(parts)
     blocks = blocks[np.lexsort(blocks.T[::-1])]
     meta = save_blocks(blocks, tokenizer_dir, load_tokenizer(str(tokenizer_dir)).get_vocab_size(),
-                       list(cfg.paths) or "shipped", folder)
+                       [redact(p) for p in cfg.paths] or "shipped", folder)
     print(f"packed {meta['blocks']:,} blocks of {meta['seq_len']} ({meta['tokens']:,} tokens, vocabulary "
           f"{meta['vocab_size']:,}) into {folder}")
     return meta

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow.fs
 import ray
 import sentencepiece as spm
 from mlflow.tracking import MlflowClient
@@ -36,11 +37,11 @@ from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import generate_merges
 
-from jobs.cli import AT_LEAST_ONE, OPEN_FRACTION, Range, UserError, option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, OPEN_FRACTION, Range, UserError, option, parse_options, redact, run_main
 from jobs.data.config import DEFAULT_MAX_RECORD_CHARS, DataConfig
 from jobs.data.corpus import corpus_paths, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
 from jobs.ray_session import init_ray
-from jobs.tracking import check_tracking, end_run, experiment_id, log_params
+from jobs.tracking import check_tracking, end_run, experiment_id, log_params, private_files, private_folder
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4: model.corruption.SpecialTokens
 SPM_FILE = "spm.model"
@@ -168,7 +169,7 @@ def train_tokenizer(
     info = {
         "vocab_size": vocab_size, "cased": cased, "model_type": "bpe", "sentences": used,
         "max_sentences": max_sentences, "sample_fraction": sample_fraction, "seed": seed,
-        "corpus": list(paths), "files_read": summary.files, "documents": summary.documents,
+        "corpus": [redact(p) for p in paths], "files_read": summary.files, "documents": summary.documents,
         "skipped": summary.skipped, "skipped_files": summary.skipped_files,
     }
     (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
@@ -184,20 +185,53 @@ def cache_dir() -> Path:
 
 
 def tokenizer_key(paths: Sequence[str], vocab_size: int, cased: bool) -> str:
-    """Checksum of what determines the tokenizer: corpus file names and sizes, vocab size, case."""
-    files = [(f, -1) if is_uri(f) else (os.path.basename(f), os.path.getsize(f)) for f in expand_paths(paths)]
-    blob = json.dumps({"files": files, "vocab_size": vocab_size, "cased": cased, "format": 1}, sort_keys=True)
+    """Checksum of what determines the tokenizer: the corpus's content (fingerprint), vocab size, case.
+    Not file names and sizes: an edit that keeps a file's size, or a changed object behind the same
+    URI, must train a new tokenizer."""
+    files = [fingerprint(f) for f in expand_paths(paths)]
+    blob = json.dumps({"files": files, "vocab_size": vocab_size, "cased": cased, "format": 2}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def fingerprint(path: str) -> list:
+    """A local file's SHA-256 (its bytes, whatever its name); a URI's objects as its store lists them,
+    each with its size and modification time (reading a remote corpus twice to hash it would cost
+    what training the tokenizer does)."""
+    if not is_uri(path):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return ["sha256", digest.hexdigest()]
+    try:
+        fs, root = pyarrow.fs.FileSystem.from_uri(path)
+        return ["listing", redact(path), object_listing(fs, root)]
+    except (OSError, ValueError) as error:
+        raise UserError(f"corpus {redact(path)}: cannot list it ({error})") from None
+
+
+def object_listing(fs: pyarrow.fs.FileSystem, root: str) -> list[tuple[str, int, int]]:
+    """(path, size, modification time in ns) of the file `root`, or of every file under the folder `root`."""
+    info = fs.get_file_info(root)
+    if info.type == pyarrow.fs.FileType.Directory:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+    elif info.type == pyarrow.fs.FileType.File:
+        infos = [info]
+    else:
+        raise FileNotFoundError(f"no object at {root}")
+    return sorted((i.path, i.size, i.mtime_ns or 0) for i in infos if i.type == pyarrow.fs.FileType.File)
+
+
 def cached_default_tokenizer(vocab_size: int, cased: bool = False, paths: Sequence[str] | None = None) -> Path:
-    """The tokenizer for the shipped corpus (or `paths`), trained once and cached by checksum."""
+    """The tokenizer for the shipped corpus (or `paths`), trained once and cached by checksum. The cache
+    is owner-only: a tokenizer someone else could replace would decide what every run reads."""
     paths = list(paths) if paths else shipped_corpus()
-    target = cache_dir() / "tokenizers" / tokenizer_key(paths, vocab_size, cased)
+    target = private_folder(cache_dir() / "tokenizers") / tokenizer_key(paths, vocab_size, cased)
     if (target / "tokenizer.json").exists():
         return target
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    train_tokenizer(paths, vocab_size, staging, cased=cased)
+    with private_files():
+        train_tokenizer(paths, vocab_size, staging, cased=cased)
     try:
         staging.rename(target)  # atomic: a reader never sees a half-written tokenizer
     except OSError:  # another process finished first; its copy is identical in content

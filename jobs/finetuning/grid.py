@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 
-from jobs.cli import UserError, read_yaml
+from jobs.cli import UserError, read_yaml, short_repr
 from jobs.names import fraction_target
 
 GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
@@ -75,7 +75,7 @@ def load_grid(name_or_path: str) -> Grid:
             raise UserError(f"unknown grid {name_or_path!r}: neither a file nor one of {available_grids()}")
     raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: a grid is a mapping (max_length:, spaces:, tasks:), not {raw!r:.60}")
+        raise UserError(f"{path}: a grid is a mapping (max_length:, spaces:, tasks:), not {short_repr(raw)}")
     _check_keys(raw, {"max_length", "max_train", "max_dev", "spaces", "tasks"}, str(path))
     spaces = {}
     for name, values in (raw.get("spaces") or {}).items():

@@ -23,8 +23,8 @@ import yaml
 from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
 from model.step import OptimizerConfig
 
-from jobs.cli import (AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, PROBABILITY, Range, UserError,
-                      read_yaml)
+from jobs.cli import (AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, PROBABILITY, NoAliasLoader, Range,
+                      UserError, check_name, load_yaml, read_yaml, redact, short_repr)
 
 from jobs.data.config import DataConfig
 
@@ -105,11 +105,17 @@ class PretrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def redacted(self) -> PretrainConfig:
+        """This config as it may be shown or stored (params, config.yaml, checkpoints): corpus URIs
+        without the credentials in them (jobs.cli.redact)."""
+        return dataclasses.replace(self, data=dataclasses.replace(self.data, paths=tuple(map(redact, self.data.paths))))
+
     def flat(self) -> dict[str, Any]:
-        """Dotted keys, as MLflow params and as `--set` takes them."""
+        """Dotted keys, as MLflow params and as `--set` takes them; corpus URIs redacted."""
+        shown = self.redacted()
         out: dict[str, Any] = {"preset": self.preset, "variant": self.variant}
         for section in SECTIONS:
-            out.update(_dotted(section, dataclasses.asdict(getattr(self, section))))
+            out.update(_dotted(section, dataclasses.asdict(getattr(shown, section))))
         return out
 
     def digest(self) -> str:
@@ -134,7 +140,7 @@ def available_presets() -> list[str]:
 
 
 def load_preset(name: str) -> dict[str, dict[str, Any]]:
-    path = PRESETS / f"{name}.yaml"
+    path = PRESETS / f"{check_name('preset', name)}.yaml"
     if not path.is_file():
         raise UserError(f"unknown preset {name!r}: no {path}; available: {available_presets()}")
     raw = _mapping(path, read_yaml(path))
@@ -153,7 +159,7 @@ def variant_overlays(name: str) -> dict[str, dict[str, Any]]:
     if name in VARIANTS:
         chosen = variant(name)
         return {section: dict(getattr(chosen, section, {})) for section in SECTIONS}
-    path = VARIANT_FILES / f"{name}.yaml"
+    path = VARIANT_FILES / f"{check_name('variant', name)}.yaml"
     if not path.is_file():
         raise UserError(f"unknown variant {name!r}; choose one of {available_variants()}")
     raw = _mapping(path, read_yaml(path), scalars=("extends",))
@@ -174,7 +180,7 @@ def _mapping(path: Path, raw: Any, scalars: tuple[str, ...] = ()) -> dict[str, A
     if not isinstance(raw, dict) or any(v is not None and not isinstance(v, dict)
                                         for k, v in raw.items() if k not in scalars):
         raise UserError(f"{path}: expected sections of keys (e.g. 'train:' then indented 'max_steps: 40'), "
-                        f"found {raw!r:.80}")
+                        f"found {short_repr(raw, 80)}")
     return dict(raw)
 
 
@@ -189,7 +195,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
         if section not in SECTIONS:
             raise UserError(f"--set {pair!r}: unknown section {section!r}; sections are {sorted(SECTIONS)}")
         try:
-            out[section][field_name] = yaml.safe_load(value)
+            out[section][field_name] = yaml.load(value, Loader=NoAliasLoader)
         except yaml.YAMLError as error:
             problem = getattr(error, "problem", None) or str(error).splitlines()[0]
             raise UserError(f"--set {key.strip()}: cannot read the value {value!r} ({problem}); values are YAML, "
@@ -328,13 +334,14 @@ def with_vocab_size(cfg: PretrainConfig, vocab_size: int) -> PretrainConfig:
 
 
 def to_yaml(cfg: PretrainConfig) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    """The config.yaml of a run and its checkpoints, corpus URIs redacted."""
+    return yaml.safe_dump(cfg.redacted().to_dict(), sort_keys=False)
 
 
 def from_yaml(text: str) -> PretrainConfig:
     """A resolved config back from `to_yaml` (a checkpoint's config.yaml) into the same dataclasses,
     every key checked as `resolve` checks them: `from_yaml(to_yaml(cfg)) == cfg`."""
-    raw = yaml.safe_load(text)
+    raw = load_yaml(text, "config.yaml")
     unknown = sorted(set(raw) - {"preset", "variant", *SECTIONS})
     if unknown:
         raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, {', '.join(SECTIONS)}")

@@ -5,8 +5,9 @@
         [--gpus-per-worker G] [--name RUN_NAME] [--experiment NAME]
 
 With no cluster it starts a local Ray; under `ray job submit` it joins that cluster. Re-running
-the same command (same resolved config, or the same --name) resumes the run from its last
-checkpoint, in the same MLflow run; a finished run is reported and not run again.
+the same command (same resolved config, or the same --name with the same settings) resumes the run
+from its last checkpoint, in the same MLflow run; a finished run is reported and not run again. A
+named run given other settings, or a run another command holds, is an error before Ray starts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from jobs.data.corpus import skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
-from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, option, parse_options
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
@@ -51,9 +52,14 @@ class PretrainResult:
 
 def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | None = None, name: str | None = None,
         experiment: str = PRETRAINING_EXPERIMENT) -> PretrainResult:
-    """Check, train, export. The vocabulary size is set from the tokenizer here."""
+    """Check, train, export. Everything a user can get wrong is checked before Ray starts and before
+    the run is touched: the name, the tracking store, the inputs, the storage, a named run's settings,
+    whether another command holds the run."""
     set_hermetic_env()
+    if name is not None:
+        check_name("--name", name)  # it names the run's folder and its tracking-store filter
     tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    tracking.check_experiment_name(experiment, tracking_uri, "--experiment")
     tracking.check_tracking(tracking_uri)  # before any compute is spent
     check_step_options(cfg)
     check_compile_toolchain(cfg)
@@ -62,32 +68,50 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     check_inputs(cfg.data)  # before Ray starts
     storage = storage or tracking.default_storage()
     tracking.check_storage(storage)
-    init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
-
-    stream = build_stream(cfg.data, resolve_tokenizer(cfg.data))
-    cfg = with_vocab_size(cfg, _vocab_size(stream.tokenizer_dir))
+    cfg = with_vocab_size(cfg, _expected_vocab_size(cfg))  # the run's name and params hold it
     run_name = name or f"{cfg.preset}-{cfg.variant}-{cfg.digest()}"
-    client = MlflowClient(tracking_uri)
-    experiment_id = tracking.experiment_id(client, experiment, tracking_uri)
+    with tracking.holding_run(storage, run_name):
+        client = MlflowClient(tracking_uri)
+        experiment_id = tracking.experiment_id(client, experiment, tracking_uri)
+        existing = tracking.find_run(client, experiment_id, run_name)
+        if existing is not None:
+            tracking.check_same_settings(existing, cfg.flat(), run_name)
+        checkpoint.check_owner(checkpoint.owners(storage, run_name), existing.info.run_id if existing else None,
+                               storage, run_name, tracking_uri)  # before a new MLflow run is created
+        if existing is not None and existing.info.status == "FINISHED":
+            done = existing.data.tags.get(CHECKPOINT_TAG, "")
+            print(f"run {run_name} already finished (MLflow run {existing.info.run_id}); checkpoint: {done}")
+            return PretrainResult(existing.info.run_id, run_name, done, tracking_uri, "ALREADY_FINISHED")
+        return _train(cfg, client, experiment_id, experiment, run_name, tracking_uri, storage)
+
+
+def _train(cfg: PretrainConfig, client: MlflowClient, experiment_id: str, experiment: str, run_name: str,
+           tracking_uri: str, storage: str) -> PretrainResult:
+    """Ray, the stream, the MLflow run (new or resumed), training and export, for a run this command holds."""
+    init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
+    stream = build_stream(cfg.data, resolve_tokenizer(cfg.data))
+    pieces = _vocab_size(stream.tokenizer_dir)
+    if pieces != cfg.data.vocab_size:  # SentencePiece trains exactly data.vocab_size, or fails
+        raise RuntimeError(f"the tokenizer {stream.tokenizer_dir} has {pieces} pieces, not the "
+                           f"{cfg.data.vocab_size} this run was checked with")
     tags = {"preset": cfg.preset, "variant": cfg.variant, "git_commit": tracking.git_commit(),
             KIND_TAG: KIND_PRETRAINING}
-    existing = tracking.find_run(client, experiment_id, run_name)
-    checkpoint.check_owner(checkpoint.owners(storage, run_name), existing.info.run_id if existing else None,
-                           storage, run_name, tracking_uri)  # before a new MLflow run is created
     run_id, status = tracking.find_or_start_run(client, experiment_id, run_name, run_name, tags)
-    if status == "FINISHED":
-        done = client.get_run(run_id).data.tags.get(CHECKPOINT_TAG, "")
-        print(f"run {run_name} already finished (MLflow run {run_id}); checkpoint: {done}")
-        return PretrainResult(run_id, run_name, done, tracking_uri, "ALREADY_FINISHED")
-    _log_config(client, run_id, cfg)
-    print(f"MLflow run {run_id} ({'resuming' if status != 'NEW' else 'new'}) in experiment {experiment!r} "
-          f"at {tracking_uri}", flush=True)
     with tracking.ending_run(client, run_id):
+        _log_config(client, run_id, cfg)
+        print(f"MLflow run {run_id} ({'resuming' if status != 'NEW' else 'new'}) in experiment {experiment!r} "
+              f"at {tracking_uri}", flush=True)
         checkpoint_path = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
         _finish(client, run_id, cfg, stream, checkpoint_path)
     print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint_path}\n"
           + tracking.ui_links(tracking_uri, experiment_id, run_id))
     return PretrainResult(run_id, run_name, checkpoint_path, tracking_uri, "FINISHED")
+
+
+def _expected_vocab_size(cfg: PretrainConfig) -> int:
+    """The vocabulary the run will have, known before Ray starts: the given tokenizer's, else
+    data.vocab_size, which the cached tokenizer (keyed on it) was trained to exactly."""
+    return _vocab_size(Path(cfg.data.tokenizer_dir)) if cfg.data.tokenizer_dir else cfg.data.vocab_size
 
 
 def check_compile_toolchain(cfg: PretrainConfig) -> None:

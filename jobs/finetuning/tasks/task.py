@@ -145,7 +145,12 @@ def read_text(path: Path) -> str:
     data = path.read_bytes()
     if path.suffix == ".gz":
         data = gzip.decompress(data)
-    return data.decode("utf-8-sig")  # MRPC's files start with a byte-order mark
+    try:
+        return data.decode("utf-8-sig")  # MRPC's files start with a byte-order mark
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise UserError(f"{path}, line {line}: not UTF-8 (byte {data[error.start]:#04x}); save the file as "
+                        f"UTF-8") from None
 
 
 def jsonl_objects(text: str) -> Iterator[tuple[int, dict | None]]:

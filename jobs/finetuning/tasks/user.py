@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.cli import UserError
+from jobs.cli import UserError, short_repr
 from jobs.finetuning.tasks.specs import TaskSpec
 from jobs.finetuning.tasks.task import SPLIT_SEED, Rows, Task, check_malformed_fraction, jsonl_objects, read_text
 
@@ -92,6 +93,13 @@ def _read_user_rows(path: Path) -> list[_UserRow]:
     if suffix in (".jsonl", ".json"):
         return _user_jsonl(str(path), text)
     reader = csv.reader(io.StringIO(text), delimiter="\t" if suffix == ".tsv" else ",")
+    try:
+        return _csv_rows(path, reader)
+    except csv.Error as error:  # a field over csv's limit (128 KiB), a NUL byte, an unclosed quote at the end
+        raise UserError(f"{path}, line {reader.line_num}: not a readable CSV row ({error})") from None
+
+
+def _csv_rows(path: Path, reader) -> list[_UserRow]:
     header = next(reader, None)
     if header is None or "text" not in header or "label" not in header:
         raise UserError(f"{path}: the header must name columns 'text' and 'label' (and optionally 'text_pair'), "
@@ -116,6 +124,10 @@ def _user_jsonl(path: str, text: str) -> list[_UserRow]:
         if record is None:
             rows.append(_UserRow(path, line, None, None, None, "not a JSON object"))
             continue
+        for column in ("text", "text_pair"):
+            if record.get(column) is not None and not isinstance(record[column], str):
+                raise UserError(f"{path}, line {line}: {column!r} is {short_repr(record[column])}, not a string: "
+                                f"quote it (\"{column}\": \"...\")")
         label = record.get("label")
         rows.append(_UserRow(path, line, record.get("text"), record.get("text_pair"),
                              None if label is None else str(label)))
@@ -128,6 +140,8 @@ def _user_spec(name: str, rows: list[_UserRow], kind: str | None, score: str | N
     if not labels:
         raise UserError(f"task {name}: no labelled rows in train")
     numbers = _as_numbers(labels)
+    if numbers is not None:
+        _check_finite(rows)
     if kind is None:
         kind = "regression" if numbers is not None and any(v != int(v) for v in numbers) else "classification"
     if kind == "regression":
@@ -135,6 +149,13 @@ def _user_spec(name: str, rows: list[_UserRow], kind: str | None, score: str | N
     distinct = sorted(set(labels), key=float) if numbers is not None else sorted(set(labels))
     metrics = ("accuracy", "f1", "matthews_corr") if len(distinct) == 2 else ("accuracy", "matthews_corr")
     return TaskSpec(name, name, "classification", tuple(distinct), metrics, score or "accuracy")
+
+
+def _check_finite(rows: list[_UserRow]) -> None:
+    """Number labels are finite: a `nan` or `inf` among them is neither a class nor a score."""
+    for r in rows:
+        if not r.problem and r.label is not None and r.label.strip() and not math.isfinite(float(r.label)):
+            raise UserError(f"{r.path}, line {r.line}: label {r.label.strip()!r} is not a finite number")
 
 
 def _as_numbers(labels: list[str]) -> list[float] | None:
