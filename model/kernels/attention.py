@@ -398,8 +398,8 @@ def _keep_mask_kernel(SEED, OUT, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: t
 # The tiles each kernel's autotuning times on a GPU, as (query block, key block, warps, stages), at its first
 # call per (T, head size, dtype, bias, padding, dropout; and the bias-gradient reduction for dK/dV). Chosen
 # without a GPU, from the kernels compiled ahead of time for sm_90 (bf16, head size 64, bias and dropout;
-# `python -m model.kernels.resources` prints each one's shared memory, registers and spills): every one
-# compiles and fits, and all but the first two of dK/dV and the first of the forward use no local memory
+# `python -m model.kernels.resources` prints each one's shared memory, registers, spills and main-loop
+# instructions): every one compiles and fits, and all but the two 64 x 64 of dK/dV use no local memory
 # for spilled registers. 64 x 64 with 4 warps, the one choice before tuning, stays in every list for the
 # timing to judge. Not timed on a GPU yet (docs/design.md section 7.2).
 TILES = {
