@@ -165,13 +165,14 @@ def assert_close(name: str, fast: torch.Tensor, slow: torch.Tensor, dtype: torch
 
 
 # (T, lengths, dtype, dropout, blocks, bias, bias gradient reduction). T not a multiple of the blocks
-# everywhere; padded rows; query and key blocks of different sizes (key blocks 1, 2 and 4 times the query
+# everywhere but once (T = 64 without padding: the kernels' variant without a mask per score); padded rows; query and key blocks of different sizes (key blocks 1, 2 and 4 times the query
 # block: the dK/dV kernel's rotated tile has 1, 2 or 4 blocks of rows); the elementwise reduction once, for
 # comparison. The bias: "table", the encoder's (max_distance 16: from distance 14 on one bucket, so tiles
 # lie beyond it, across it and within it; T = 70 reaches far beyond); "every distance", a free bias of
 # each distance, (heads, 2T - 1), that never saturates; None.
 CASES = {
     "fp32-T17-packed": (17, [17, 17], torch.float32, 0.0, (16, 16), "table", "diagonal"),
+    "fp32-T64-packed-dropout": (64, [64, 64], torch.float32, 0.1, (32, 16), "table", "diagonal"),
     "fp32-T40-padded-dropout": (40, [40, 23], torch.float32, 0.25, (16, 16), "table", "diagonal"),
     "fp32-T40-padded-dropout-elementwise": (40, [40, 23], torch.float32, 0.25, (16, 16), "table", "elementwise"),
     "fp32-T70-far-buckets-dropout": (70, [70, 33], torch.float32, 0.1, (32, 16), "table", "diagonal"),
