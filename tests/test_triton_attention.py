@@ -165,11 +165,12 @@ def assert_close(name: str, fast: torch.Tensor, slow: torch.Tensor, dtype: torch
 
 
 # (T, lengths, dtype, dropout, blocks, bias, bias gradient reduction). T not a multiple of the blocks
-# everywhere but once (T = 64 without padding: the kernels' variant without a mask per score); padded rows; query and key blocks of different sizes (key blocks 1, 2 and 4 times the query
-# block: the dK/dV kernel's rotated tile has 1, 2 or 4 blocks of rows); the elementwise reduction once, for
-# comparison. The bias: "table", the encoder's (max_distance 16: from distance 14 on one bucket, so tiles
-# lie beyond it, across it and within it; T = 70 reaches far beyond); "every distance", a free bias of
-# each distance, (heads, 2T - 1), that never saturates; None.
+# everywhere but once (T = 64 without padding, as base's 512); padded rows; query and key blocks of
+# different sizes (key blocks 1, 2 and 4 times the query block: the dK/dV kernel's rotated tile has 1, 2
+# or 4 blocks of rows); the elementwise reduction once, for comparison. The bias: "table", the encoder's
+# (max_distance 16: from distance 14 on one bucket, so tiles lie beyond it, across it and within it; T = 70
+# reaches far beyond); "every distance", a free bias of each distance, (heads, 2T - 1), that never
+# saturates; None.
 CASES = {
     "fp32-T17-packed": (17, [17, 17], torch.float32, 0.0, (16, 16), "table", "diagonal"),
     "fp32-T64-packed-dropout": (64, [64, 64], torch.float32, 0.1, (32, 16), "table", "diagonal"),

@@ -676,12 +676,13 @@ def relative_attention(
     `bias` (heads, 2S + 1), fp32 (cast if not), gets a gradient: the bias of each key-minus-query
     distance -S .. S at entry distance + S; a pair farther apart than S reads the entry of -S or S (the
     last buckets: `RelativePositionBias.by_distance` gives the S from which they saturate; a bias of
-    every distance is S = T - 1). `key_mask` (B, T) bool, True on real
-    keys, None for none padded; `dropout_p` is applied at the kernels' resolution, `dropout_rate(dropout_p)`
-    (a multiple of 2^-16), kept values scaled by 1 / (1 - that); `seed` an int64 scalar tensor on q's
-    device (drawn from torch's generator when None and dropout is on); `blocks` (query block, key block), powers of two >= 16, for
-    all three kernels, or None: each kernel autotuned among its `TILES` at its first call per problem kind
-    (under the interpreter, among `INTERPRETER_TILES`). The output is laid out as (B, T, heads, d) in memory.
+    every distance is S = T - 1). `key_mask` (B, T) bool, True on real keys, None for none padded;
+    `dropout_p` is applied at the kernels' resolution, `dropout_rate(dropout_p)` (a multiple of 2^-16),
+    kept values scaled by 1 / (1 - that); `seed` an int64 scalar tensor on q's device (drawn from
+    torch's generator when None and dropout is on); `blocks` (query block, key block), powers of two
+    >= 16, for all three kernels, or None: each kernel autotuned among its `TILES` at its first call per
+    problem kind (under the interpreter, among `INTERPRETER_TILES`). The output is laid out as (B, T,
+    heads, d) in memory.
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
