@@ -11,26 +11,32 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
   bucket table (`RelativePositionBias.by_distance`) so that the table's gradient flows through torch:
   S is the distance from which the buckets saturate (86 at the paper's 32 buckets and 128 positions),
   so farther pairs share its entry; the
-  real keys as a (B, T) bool mask (None: no padding); the dropout probability; and a seed *tensor*
+  real keys as a (B, T) bool mask (None: no padding); the dropout probability (applied at a resolution
+  of 2^-16, `dropout_rate`); and a seed *tensor*
   (an int64 scalar on the device, drawn from torch's generator when not given), so a replayed CUDA
   graph draws a new mask on each replay and `torch.manual_seed` makes runs repeat.
 - **Forward.** Per (batch, head) and block of queries, a loop over key blocks with the online
-  softmax (exp2, fp32 statistics); the bias is read per tile from the (heads, 2S + 1) row (a tile whose
-  every pair is farther apart than S on one side reads a single entry); padding keys get -inf. Dropout
-  multiplies the probabilities after the softmax's normaliser is taken (the normaliser sums the
-  undropped probabilities), kept values scaled by 1 / (1 - p) as torch's dropout does. The mask is
-  Philox (`tl.randint4x`: one call per 4 consecutive keys) on the seed, with a counter that is the
-  flat index of the group's first element in (B, heads, T, T): it depends only on (batch, head, query,
-  key), never on the tiling, and the backward regenerates it. The logsumexp per row (log2 units) is
-  kept for the backward.
+  softmax (exp2, fp32 statistics); the bias is read per element from the bias looked up in torch for
+  every distance -(T - 1) .. T - 1, (heads, 2T - 1) (`_every_distance`: no clamp per element);
+  padding keys get -inf. Dropout multiplies the probabilities after the softmax's normaliser is taken
+  (the normaliser sums the undropped probabilities). The mask is Philox (`tl.randint4x`, 10 rounds)
+  on the seed, one call per 8 consecutive keys, its counter the flat index of the group's first
+  element in (B, heads, T, T): its 4 x 32 bits are 8 uniforms of 16 bits, and a value is kept where
+  its uniform is >= t = round(p 2^16), with probability exactly 1 - t / 2^16 (`dropout_rate`), and
+  scaled by the reciprocal of that, so the expectation is kept exactly (torch's 1 / (1 - p) at p's
+  multiple of 2^-16). The mask depends only on (batch, head, query, key), never on the tiling, and
+  the backward regenerates it. The logsumexp per row (log2 units) is kept for the backward.
 - **Backward.** delta = rowsum(dO * O) in torch (one (B, heads, T) tensor), then dK and dV in one loop
   over key blocks (each program owns a key block and walks the query blocks), dQ in another (each
-  program owns a query block and walks the key blocks): no atomics for dQ. The bias gradient is
-  reduced inside each (query, key) tile of the dK/dV loop along its diagonals (each (i, j) adds to
-  entry clamp(j - i, -S, S) + S; a tile of M x N has M + N - 1 diagonals, summed with `tl.gather` and
-  one column sum) and added with M + N - 1 `tl.atomic_add`s per tile into a (heads, 2S + 1) fp32
-  buffer; a tile beyond S on one side adds its whole sum with one atomic (`BIAS_GRADIENT =
-  "elementwise"`: one atomic per element, the simple reduction, kept to compare on a GPU).
+  program owns a query block and walks the key blocks): no atomics for dQ. The dK/dV loop computes
+  each tile transposed, (keys, queries), S^T = K Q^T, so that P^T and dS^T enter dV += P^T dO and
+  dK += dS^T Q as they come out, with one dropout mask per tile. The bias gradient is reduced inside
+  each of its tiles along the diagonals (each (i, j) adds to entry clamp(j - i, -S, S) + S): the tile
+  is rotated row by row with `tl.gather` so that column c holds the distances equal to c modulo M,
+  and two masked column sums per block of rows give the M + N - 1 diagonal sums (`_add_by_distance`),
+  added with `tl.atomic_add`s into a (heads, 2S + 1) fp32 buffer; a tile beyond S on one side adds its
+  whole sum with one atomic (`BIAS_GRADIENT = "elementwise"`: one atomic per element, the simple
+  reduction, kept to compare on a GPU).
 - **Rows without a real key** (a row of padding only) give 0 and no gradient; SDPA and the
   reference give NaN there.
 
@@ -42,13 +48,16 @@ TRITON_INTERPRET=1 was set before triton was first imported (the CPU tests do th
 process); the interpreter is exact in fp32 and fp16, not in bf16 (triton-lang/triton#11584).
 
 Each kernel is autotuned among a few tiles (`TILES`), chosen from their resources compiled ahead of time
-for sm_90 without a GPU (`python -m model.kernels.resources`); none of it is timed on a GPU yet.
+for sm_90 without a GPU (`python -m model.kernels.resources`, which also counts each main loop's
+instructions); the choice is kept on disk in Triton's cache. None of it is timed on a GPU yet.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -68,7 +77,7 @@ else:
     TRITON_MISSING = None
     _jit = triton.jit
 
-# How the dK/dV loop reduces the bias gradient: "diagonal" (per tile along its diagonals, M + N - 1
+# How the dK/dV loop reduces the bias gradient: "diagonal" (per tile along its diagonals, about M + N
 # atomics per tile) or "elementwise" (one atomic per (query, key) element; simple, slow, correct).
 BIAS_GRADIENTS = ("diagonal", "elementwise")
 BIAS_GRADIENT = "diagonal"
@@ -78,15 +87,37 @@ BIAS_GRAD_CODES = {"none": 0, "diagonal": 1, "elementwise": 2}  # the dK/dV kern
 # ----------------------------------------------------------------------------- Triton kernels
 
 @_jit
-def _keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) bool for queries offs_m and keys start_n ...: which probabilities dropout
-    keeps. One Philox call gives 4 numbers: one call per 4 consecutive keys, its counter the flat
-    index of the group's first element in (B, heads, T, T) (start_n is a multiple of 4)."""
-    groups = start_n + 4 * tl.arange(0, BLOCK_N // 4)
-    counter = (bh.to(tl.int64) * T + offs_m)[:, None] * T + groups[None, :]
+def _dropout_threshold(dropout_p):
+    """The integer t that a 16-bit uniform u must reach to be kept (u >= t), and the scale of a kept value,
+    2^16 / (2^16 - t): the reciprocal of the keep probability (2^16 - t) / 2^16, so the expected output is
+    unchanged. t is dropout_p * 2^16 rounded; `dropout_rate` gives the rate t / 2^16 that the kernels use."""
+    threshold = tl.cast(dropout_p * 65536.0 + 0.5, tl.int32)
+    return threshold, 65536.0 / tl.cast(65536 - threshold, tl.float32)
+
+
+@_jit
+def _keep(seed, bh, offs_m, start_n, T, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          KEYS_FIRST: tl.constexpr = False):
+    """(BLOCK_M, BLOCK_N) bool for queries offs_m and keys start_n ... (transposed, (BLOCK_N, BLOCK_M),
+    with KEYS_FIRST): which probabilities dropout keeps. One Philox call gives 4 x 32 bits, 8 uniforms
+    of 16 bits: one call per 8 consecutive keys, its counter the flat index of the group's first element
+    in (B, heads, T, T) (start_n is a multiple of 8). Key 8g + 2r + h of group g reads half h (0 the low 16
+    bits, 1 the high) of the call's output r, and is kept where that half is >= threshold."""
+    groups = start_n + 8 * tl.arange(0, BLOCK_N // 8)
+    rows = bh.to(tl.int64) * T + offs_m
+    if KEYS_FIRST:
+        counter = rows[None, :] * T + groups[:, None]  # (BLOCK_N // 8, BLOCK_M)
+    else:
+        counter = rows[:, None] * T + groups[None, :]  # (BLOCK_M, BLOCK_N // 8)
     r0, r1, r2, r3 = tl.randint4x(seed, counter)
-    bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK_M, BLOCK_N))
-    return tl.random.uint_to_uniform_float(bits) >= dropout_p
+    # join stacks along a new last axis: (..., r // 2, r % 2, h), so the key's offset in its group is 2r + h
+    keep = tl.join(tl.join(tl.join(r0 & 0xFFFF, r2 & 0xFFFF), tl.join(r1 & 0xFFFF, r3 & 0xFFFF)),
+                   tl.join(tl.join(r0 >> 16, r2 >> 16), tl.join(r1 >> 16, r3 >> 16))) >= threshold
+    if KEYS_FIRST:  # (groups, queries, r // 2, r % 2, h) -> (groups, r // 2, r % 2, h, queries)
+        keep = tl.reshape(tl.permute(keep, (0, 2, 3, 4, 1)), (BLOCK_N, BLOCK_M))
+    else:
+        keep = tl.reshape(keep, (BLOCK_M, BLOCK_N))
+    return keep
 
 
 @_jit
@@ -106,30 +137,55 @@ def _entry(distance, S):
 
 
 @_jit
-def _add_by_distance(DBIAS_ROW, values, distance, valid, S):
-    """Atomically add `values` (one per distance) into the bias gradient by distance. Distances beyond S
-    on a side share the entry of -S or S: their values are summed first and added once, by the lane of
-    the nearest such distance, so a tile beyond S adds one value, not M + N - 1 to one address."""
-    left = distance <= -S
-    right = (distance >= S) & (distance > 0)  # with S = 0, distance 0 counts on the left only
-    right_sum = tl.sum(tl.where(right & valid, values, 0.0), axis=0)
-    left_sum = tl.sum(tl.where(left & valid, values, 0.0), axis=0)
-    nearest_right = tl.min(tl.where(right & valid, distance, 2147483647), axis=0)
-    nearest_left = tl.max(tl.where(left & valid, distance, -2147483647), axis=0)
-    values = tl.where(right, right_sum, tl.where(left, left_sum, values))
-    once = tl.where(right, distance == nearest_right, tl.where(left, distance == nearest_left, True))
-    tl.atomic_add(DBIAS_ROW + _entry(distance, S), values, mask=valid & once, sem="relaxed")
+def _add_by_distance(DBIAS_ROW, lower, upper, distance, offset, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Atomically add a tile's diagonal sums into the bias gradient by distance: `lower` holds those of
+    `distance` (key minus query: the tile's offset + c + b M) and `upper` those of distance - M;
+    `offset` is the tile's first key minus its first query, its distances run from offset - (M - 1) to
+    offset + N - 1 (lanes outside hold 0 and add nothing). A distance may have a part in both (when
+    N > M): both add theirs. Distances beyond S on a side share the entry of -S or S: their sums are
+    added up first and added once, by one lane of the nearest such distance, so a tile beyond S adds one
+    value, not M + N - 1 to one address."""
+    first, last = offset - (BLOCK_M - 1), offset + BLOCK_N - 1
+    lower_ok = distance <= last
+    upper_distance = distance - BLOCK_M
+    upper_ok = upper_distance >= first
+    lower_left, upper_left = distance <= -S, upper_distance <= -S
+    lower_right = (distance >= S) & (distance > 0)  # with S = 0, distance 0 counts on the left only
+    upper_right = (upper_distance >= S) & (upper_distance > 0)
+    left_sum = tl.sum(tl.where(lower_left & lower_ok, lower, 0.0) + tl.where(upper_left & upper_ok, upper, 0.0), 0)
+    right_sum = tl.sum(tl.where(lower_right & lower_ok, lower, 0.0) + tl.where(upper_right & upper_ok, upper, 0.0), 0)
+    nearest_left = tl.minimum(-S, last)
+    nearest_right = tl.maximum(tl.maximum(S, 1), first)
+    # the nearest distance is in `lower` if it is >= offset, else only in `upper`
+    once = tl.where(lower_right, distance == nearest_right, tl.where(lower_left, distance == nearest_left, True))
+    tl.atomic_add(DBIAS_ROW + _entry(distance, S),
+                  tl.where(lower_right, right_sum, tl.where(lower_left, left_sum, lower)),
+                  mask=lower_ok & once, sem="relaxed")
+    only_upper = upper_distance < offset
+    once = tl.where(upper_right, (upper_distance == nearest_right) & only_upper,
+                    tl.where(upper_left, (upper_distance == nearest_left) & only_upper, True))
+    tl.atomic_add(DBIAS_ROW + _entry(upper_distance, S),
+                  tl.where(upper_right, right_sum, tl.where(upper_left, left_sum, upper)),
+                  mask=upper_ok & once, sem="relaxed")
 
 
 @_jit
-def _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) logits in log2 units: (q k^T / sqrt(d) + bias[j - i]) * log2(e), -inf on keys
-    that are padding or past T. In a tile whose pairs all lie beyond S on one side every lane reads the
-    same entry: one broadcast load, no branch (a branch here made the compiled kernels spill)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+def _inside(offs, T):
+    """Positions past the sequence moved to its last, for the bias lookup: their scores are masked or
+    their rows discarded, but the address must stay inside the bias of every distance."""
+    return tl.minimum(offs, T - 1)
+
+
+@_jit
+def _scores(a, b, BIAS_ROW, distance, ok, qk_scale, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """Logits in log2 units, (q k^T / sqrt(d) + bias[j - i]) * log2(e), of a b^T: q k^T for a tile of
+    (query, key) pairs, k q^T for its transpose; `distance` j - i and `ok` (the key is real and inside
+    the sequence, else -inf) in the same orientation. BIAS_ROW points at distance 0 of the bias of every
+    distance (`_every_distance`): no clamp per element."""
+    s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * qk_scale
     if HAS_BIAS:
-        s += tl.load(BIAS_ROW + _entry(offs_n[None, :] - offs_m[:, None], S)) * 1.4426950408889634
-    return tl.where(key_ok[None, :], s, float("-inf"))
+        s += tl.load(BIAS_ROW + distance) * 1.4426950408889634
+    return tl.where(ok, s, float("-inf"))
 
 
 @_jit
@@ -150,7 +206,7 @@ def _forward_kernel(
     Q, K, V, BIAS, KEY_MASK, SEED, OUT, LSE,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
     stride_ob, stride_oh, stride_ot, stride_bias_h, stride_mask_b,
-    H, T, S, sm_scale, dropout_p,
+    H, T, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -162,7 +218,7 @@ def _forward_kernel(
     d_ok = offs_d < HEAD_DIM
     q = tl.load(_rows(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, offs_d),
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    BIAS_ROW = BIAS + h * stride_bias_h
+    BIAS_ROW = BIAS + h * stride_bias_h + (T - 1)  # distance 0
     KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -170,20 +226,21 @@ def _forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if DROPOUT:
         seed = tl.load(SEED)
-        keep_scale = 1.0 / (1.0 - dropout_p)
+        threshold, keep_scale = _dropout_threshold(dropout_p)
     for start_n in range(0, T, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
         k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
         key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
-        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS, PRECISION)
+        distance = _inside(offs_n, T)[None, :] - _inside(offs_m, T)[:, None]
+        s = _scores(q, k, BIAS_ROW, distance, key_ok[None, :], qk_scale, HAS_BIAS, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no real key yet: keep exp2 finite
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser sums the probabilities before dropout
         if DROPOUT:
-            p = tl.where(_keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N), p * keep_scale, 0.0)
+            p = tl.where(_keep(seed, bh, offs_m, start_n, T, threshold, BLOCK_M, BLOCK_N), p * keep_scale, 0.0)
         v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -204,7 +261,7 @@ def _backward_dkdv_kernel(
     stride_bias_h, stride_dbias_h, stride_mask_b,
     H, T, S, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DIAGONALS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ROWS: tl.constexpr,
     HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dK, dV of one key block, walking every query block; the bias gradient of each tile reduced
@@ -219,21 +276,27 @@ def _backward_dkdv_kernel(
     k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
     v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
     key_ok = _key_ok(KEY_MASK + b * stride_mask_b, offs_n, T, HAS_MASK)
-    BIAS_ROW = BIAS + h * stride_bias_h
+    BIAS_ROW = BIAS + h * stride_bias_h + (T - 1)  # distance 0
     DBIAS_ROW = DBIAS + h * stride_dbias_h
     qk_scale = sm_scale * 1.4426950408889634
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     if DROPOUT:
         seed = tl.load(SEED)
-        keep_scale = 1.0 / (1.0 - dropout_p)
+        threshold, keep_scale = _dropout_threshold(dropout_p)
     if BIAS_GRAD == 1:
-        # column c of the skewed tile holds the diagonal j - i = c - (BLOCK_M - 1) of the (i, j) tile
-        rows = tl.arange(0, BLOCK_M)[:, None]
-        columns = tl.arange(0, DIAGONALS)
-        skewed = columns[None, :] + rows - (BLOCK_M - 1)  # the key inside the tile each entry reads
-        on_tile = (skewed >= 0) & (skewed < BLOCK_N)
-        skewed = tl.where(on_tile, skewed, 0)
+        # The diagonals of a transposed (key j, query i) tile, rotated into columns: entry (j, c) of the
+        # rotated tile is dS^T[j, (j - c) mod M], at distance j - i = c + M floor((j - c) / M). In blocks of
+        # ROWS = min(M, N) keys, the rows r >= c of block b hold distance c + b M, the rows r < c distance
+        # c + (b - 1) M: two column sums per block give every diagonal's sum, each element read once.
+        columns = tl.arange(0, BLOCK_M)
+        rotation = (tl.arange(0, BLOCK_N)[:, None] - columns[None, :]) & (BLOCK_M - 1)
+        lower_rows = tl.arange(0, ROWS)[None, :, None] >= columns[None, None, :]  # (1, ROWS, BLOCK_M)
+        lower_distance = tl.reshape(tl.arange(0, BLOCK_N // ROWS)[:, None] * BLOCK_M + columns[None, :],
+                                    (BLOCK_N // ROWS * BLOCK_M,))  # relative to the tile's offset
+    # Every tile is computed transposed, (keys, queries), as S^T = K Q^T: P^T and dS^T are then the left
+    # operands of dV += P^T dO and dK += dS^T Q as they come out of their products, with no transpose
+    # of a computed tile (which goes through shared memory) and one dropout mask per tile.
     for start_m in range(0, T, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < T
@@ -242,24 +305,29 @@ def _backward_dkdv_kernel(
         do = tl.load(_rows(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d), mask=qd_mask, other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS, PRECISION)
-        p = tl.exp2(s - lse[:, None])  # the softmax, (BLOCK_M, BLOCK_N)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dL/d(dropped probabilities)
-        if DROPOUT:
-            keep = _keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N)
-            p_dropped = tl.where(keep, p * keep_scale, 0.0)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
+        distance = _inside(offs_n, T)[:, None] - _inside(offs_m, T)[None, :]
+        s = _scores(k, q, BIAS_ROW, distance, key_ok[:, None], qk_scale, HAS_BIAS, PRECISION)  # (BLOCK_N, BLOCK_M)
+        p = tl.exp2(s - lse[None, :])  # the softmax, transposed
+        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dL/d(dropped probabilities), transposed
+        if DROPOUT:  # the mask's one use (two made the compiler build it in two layouts)
+            p_dropped = tl.where(_keep(seed, bh, offs_m, start_n, T, threshold, BLOCK_M, BLOCK_N, True),
+                                 p * keep_scale, 0.0)
         else:
             p_dropped = p
-        dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])  # dL/d(logits); rows past T or without a real key have p = 0
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        dv += tl.dot(p_dropped.to(do.dtype), do, input_precision=PRECISION)
+        # dL/d(logits) = p (dropped(dp) - delta) = dropped(p) dp - p delta; queries past T or without a
+        # real key have p = 0
+        ds = p_dropped * dp - p * delta[None, :]
+        dk += tl.dot(ds.to(q.dtype), q, input_precision=PRECISION)
         if BIAS_GRAD == 1:
-            diagonal = tl.sum(tl.where(on_tile, tl.gather(ds, skewed, axis=1), 0.0), axis=0)  # (DIAGONALS,)
-            _add_by_distance(DBIAS_ROW, diagonal, start_n - start_m - (BLOCK_M - 1) + columns,
-                             columns < BLOCK_M + BLOCK_N - 1, S)
+            blocks = tl.reshape(tl.gather(ds, rotation, axis=1), (BLOCK_N // ROWS, ROWS, BLOCK_M))
+            lower = tl.sum(tl.where(lower_rows, blocks, 0.0), axis=1)  # (BLOCK_N // ROWS, BLOCK_M)
+            upper = tl.sum(blocks, axis=1) - lower
+            _add_by_distance(DBIAS_ROW, tl.reshape(lower, (BLOCK_N // ROWS * BLOCK_M,)),
+                             tl.reshape(upper, (BLOCK_N // ROWS * BLOCK_M,)), start_n - start_m + lower_distance,
+                             start_n - start_m, S, BLOCK_M, BLOCK_N)
         if BIAS_GRAD == 2:
-            tl.atomic_add(DBIAS_ROW + _entry(offs_n[None, :] - offs_m[:, None], S), ds, sem="relaxed")
+            tl.atomic_add(DBIAS_ROW + _entry(offs_n[:, None] - offs_m[None, :], S), ds, sem="relaxed")
     tl.store(_rows(DK, b, h, stride_dkb, stride_dkh, stride_dkt, offs_n, offs_d),
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(_rows(DV, b, h, stride_dvb, stride_dvh, stride_dvt, offs_n, offs_d),
@@ -271,7 +339,7 @@ def _backward_dq_kernel(
     Q, K, V, BIAS, KEY_MASK, SEED, DO, LSE, DELTA, DQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
     stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt, stride_bias_h, stride_mask_b,
-    H, T, S, sm_scale, dropout_p,
+    H, T, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -287,24 +355,25 @@ def _backward_dq_kernel(
     do = tl.load(_rows(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d), mask=qd_mask, other=0.0)
     lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-    BIAS_ROW = BIAS + h * stride_bias_h
+    BIAS_ROW = BIAS + h * stride_bias_h + (T - 1)  # distance 0
     KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
     qk_scale = sm_scale * 1.4426950408889634
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if DROPOUT:
         seed = tl.load(SEED)
-        keep_scale = 1.0 / (1.0 - dropout_p)
+        threshold, keep_scale = _dropout_threshold(dropout_p)
     for start_n in range(0, T, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_ok[None, :]
         k = tl.load(_rows(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, offs_d), mask=kv_mask, other=0.0)
         v = tl.load(_rows(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, offs_d), mask=kv_mask, other=0.0)
         key_ok = _key_ok(KEY_MASK_ROW, offs_n, T, HAS_MASK)
-        s = _scores(q, k, BIAS_ROW, offs_m, offs_n, key_ok, S, qk_scale, HAS_BIAS, PRECISION)
+        distance = _inside(offs_n, T)[None, :] - _inside(offs_m, T)[:, None]
+        s = _scores(q, k, BIAS_ROW, distance, key_ok[None, :], qk_scale, HAS_BIAS, PRECISION)
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
-            dp = tl.where(_keep(seed, bh, offs_m, start_n, T, dropout_p, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, T, threshold, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(_rows(DQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, offs_d),
@@ -319,7 +388,7 @@ def _keep_mask_kernel(SEED, OUT, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: t
     bh = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _keep(tl.load(SEED), bh, offs_m, pid_n * BLOCK_N, T, dropout_p, BLOCK_M, BLOCK_N)
+    keep = _keep(tl.load(SEED), bh, offs_m, pid_n * BLOCK_N, T, _dropout_threshold(dropout_p)[0], BLOCK_M, BLOCK_N)
     tl.store(OUT + (bh.to(tl.int64) * T + offs_m[:, None]) * T + offs_n[None, :], keep.to(tl.int8),
              mask=(offs_m < T)[:, None] & (offs_n < T)[None, :])
 
@@ -329,8 +398,8 @@ def _keep_mask_kernel(SEED, OUT, T, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: t
 # The tiles each kernel's autotuning times on a GPU, as (query block, key block, warps, stages), at its first
 # call per (T, head size, dtype, bias, padding, dropout; and the bias-gradient reduction for dK/dV). Chosen
 # without a GPU, from the kernels compiled ahead of time for sm_90 (bf16, head size 64, bias and dropout;
-# `python -m model.kernels.resources` prints each one's shared memory, registers and spills): every one
-# compiles and fits, and all but the first two of dK/dV and the first of the forward use no local memory
+# `python -m model.kernels.resources` prints each one's shared memory, registers, spills and main-loop
+# instructions): every one compiles and fits, and all but the two 64 x 64 of dK/dV use no local memory
 # for spilled registers. 64 x 64 with 4 warps, the one choice before tuning, stays in every list for the
 # timing to judge. Not timed on a GPU yet (docs/design.md section 7.2).
 TILES = {
@@ -350,9 +419,9 @@ def interpreted() -> bool:
     return TRITON_MISSING is None and not isinstance(_forward_kernel, triton.runtime.JITFunction)
 
 
-def _diagonals(block_m: int, block_n: int) -> int:
-    """The dK/dV kernel's skewed tile width: a power of two holding a tile's M + N - 1 diagonals."""
-    return triton.next_power_of_2(block_m + block_n - 1)
+def _rotated_rows(block_m: int, block_n: int) -> int:
+    """The dK/dV kernel's ROWS: the keys in one block of its rotated tile (the bias gradient's diagonals)."""
+    return min(block_m, block_n)
 
 
 def problem_constants(head_dim: int, has_bias: bool, has_mask: bool, dropout: bool, precision: str) -> dict:
@@ -379,9 +448,13 @@ def _timing(kernel_call, quantiles):
 
 
 def _tuned(kernel, tiles: tuple[tuple[int, int, int, int], ...], diagonals: bool = False, **autotune):
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **({"DIAGONALS": _diagonals(m, n)} if diagonals else {})},
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **({"ROWS": _rotated_rows(m, n)} if diagonals else {})},
                              num_warps=warps, num_stages=stages) for m, n, warps, stages in tiles]
-    return triton.autotune(configs, do_bench=_timing, **autotune)(kernel)
+    # cache_results: the timings go to Triton's cache directory (TRITON_CACHE_DIR, ~/.triton/cache), keyed by
+    # the tuning key, the tiles, the kernel's source, Triton's version and the GPU: a second process, or
+    # another rank on the machine once the first has tuned, reads the choice instead of timing again
+    # (the interpreter never caches: Triton turns it off there).
+    return triton.autotune(configs, do_bench=_timing, cache_results=True, **autotune)(kernel)
 
 
 if TRITON_MISSING is None:
@@ -391,6 +464,9 @@ if TRITON_MISSING is None:
     _dkdv_tuned = _tuned(_backward_dkdv_kernel, _tiles["dkdv"], diagonals=True, key=TUNING_KEY + ["BIAS_GRAD"],
                          reset_to_zero=["DBIAS"])
     _dq_tuned = _tuned(_backward_dq_kernel, _tiles["dq"], key=TUNING_KEY)
+    # per kind of launch: (the tuned kernel, the kernel at explicit tiles)
+    _KERNELS = {"forward": (_forward_tuned, _forward_kernel), "dkdv": (_dkdv_tuned, _backward_dkdv_kernel),
+                "dq": (_dq_tuned, _backward_dq_kernel)}
 
 
 def _kernel_at(tuned, kernel, block_m: int, block_n: int, diagonals: bool = False):
@@ -398,7 +474,7 @@ def _kernel_at(tuned, kernel, block_m: int, block_n: int, diagonals: bool = Fals
     if block_m == 0:
         return tuned, {}
     meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **_launch_options(block_m, block_n)}
-    return kernel, ({**meta, "DIAGONALS": _diagonals(block_m, block_n)} if diagonals else meta)
+    return kernel, ({**meta, "ROWS": _rotated_rows(block_m, block_n)} if diagonals else meta)
 
 
 def _check_runnable(device: torch.device) -> None:
@@ -430,8 +506,18 @@ def _reach(bias: Tensor | None) -> int:
     return 0 if bias is None else (bias.shape[1] - 1) // 2
 
 
+def _every_distance(bias: Tensor, seq_len: int) -> Tensor:
+    """(heads, 2T - 1): the bias by distance (heads, 2S + 1) looked up for every distance -(T - 1) .. T - 1
+    (entry j - i + T - 1), so that the kernels read it without clamping each distance to [-S, S]."""
+    reach = _reach(bias)
+    distances = torch.arange(-(seq_len - 1), seq_len, device=bias.device)
+    return bias[:, distances.clamp(-reach, reach) + reach].contiguous()
+
+
 def _optional_args(q: Tensor, bias: Tensor | None, key_mask: Tensor | None, seed: Tensor | None):
-    """Pointers for the optional inputs (q stands in for an absent one: the kernel never reads it)."""
+    """Pointers for the optional inputs (q stands in for an absent one: the kernel never reads it); the
+    bias as the kernels read it, of every distance."""
+    bias = None if bias is None else _every_distance(bias, q.shape[2])
     bias_arg = q if bias is None else bias
     mask_arg = q if key_mask is None else key_mask.contiguous().view(torch.uint8)
     seed_arg = q if seed is None else seed
@@ -439,49 +525,80 @@ def _optional_args(q: Tensor, bias: Tensor | None, key_mask: Tensor | None, seed
     return bias_arg, mask_arg, seed_arg, strides
 
 
-def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tuple[Tensor, Tensor]:
-    _check_runnable(q.device)
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as the runtime makes it: which kernel (a key of `TILES`), its arguments in order,
+    its constexprs besides the tiles, and the tile whose blocks the grid's first axis counts.
+    `model.kernels.resources` compiles from the same, so that it sees what a GPU would run."""
+
+    kind: str
+    arguments: tuple
+    constants: dict
+    blocks_of: str  # "BLOCK_M" (one program per query block) or "BLOCK_N" (per key block)
+
+
+def _forward_launch(q, k, v, bias, key_mask, seed, dropout_p) -> tuple[Launch, Tensor, Tensor]:
+    """The forward's launch, its output and its logsumexp (allocated, not yet written)."""
     q, k, v = (_last_contiguous(x) for x in (q, k, v))
     batch, heads, seq_len, dim = q.shape
     out = _transposed_like(q)
     lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device)
     bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
-    kernel, tiles = _kernel_at(_forward_tuned, _forward_kernel, block_m, block_n)
-    kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
-        q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
-        heads, seq_len, _reach(bias), 1.0 / math.sqrt(dim), float(dropout_p),
-        **problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype)), **tiles,
-    )
-    return out, lse
+    arguments = (q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
+                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
+                 heads, seq_len, 1.0 / math.sqrt(dim), float(dropout_p))
+    constants = problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
+    return Launch("forward", arguments, constants, "BLOCK_M"), out, lse
 
 
-def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
-    _check_runnable(q.device)
+def _backward_launches(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, bias_gradient):
+    """The backward's two launches (dK and dV, then dQ) and the gradients they write: dq, dk, dv, dbias."""
     dout, q, k, v = (_last_contiguous(x) for x in (dout, q, k, v))
     batch, heads, seq_len, dim = q.shape
     delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, heads, T): rowsum(dO * O)
     dq, dk, dv = _transposed_like(q), _transposed_like(k), _transposed_like(v)
-    shared = problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
+    constants = problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
     learns_bias = bias is not None and bias_gradient != "none"
     # without a bias to learn, an empty buffer the kernel never touches (and tuning may zero)
     dbias = torch.zeros(bias.shape if learns_bias else (0,), dtype=torch.float32, device=q.device)
     bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
     sm_scale = 1.0 / math.sqrt(dim)
-    kernel, tiles = _kernel_at(_dkdv_tuned, _backward_dkdv_kernel, block_m, block_n, diagonals=True)
-    kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_N"]), batch * heads)](
+    dkdv = Launch("dkdv", (
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         stride_bias, dbias.stride(0), stride_mask, heads, seq_len, _reach(bias), sm_scale, float(dropout_p),
-        BIAS_GRAD=BIAS_GRAD_CODES[bias_gradient if learns_bias else "none"], **shared, **tiles,
-    )
-    kernel, tiles = _kernel_at(_dq_tuned, _backward_dq_kernel, block_m, block_n)
-    kernel[lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
+    ), {**constants, "BIAS_GRAD": BIAS_GRAD_CODES[bias_gradient if learns_bias else "none"]}, "BLOCK_N")
+    dq_launch = Launch("dq", (
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dq,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-        stride_bias, stride_mask, heads, seq_len, _reach(bias), sm_scale, float(dropout_p), **shared, **tiles,
-    )
-    return dq, dk, dv, dbias
+        stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p),
+    ), constants, "BLOCK_M")
+    return (dkdv, dq_launch), (dq, dk, dv, dbias)
+
+
+def _run(launch: Launch, block_m: int, block_n: int) -> None:
+    """Launches at the given tiles, or (0, 0) at the tuned ones, over (blocks, B x heads)."""
+    q = launch.arguments[0]
+    batch, heads, seq_len, _ = q.shape
+    tuned, kernel = _KERNELS[launch.kind]
+    kernel, tiles = _kernel_at(tuned, kernel, block_m, block_n, diagonals=launch.kind == "dkdv")
+    kernel[lambda meta: (triton.cdiv(seq_len, meta[launch.blocks_of]), batch * heads)](
+        *launch.arguments, **launch.constants, **tiles)
+
+
+def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tuple[Tensor, Tensor]:
+    _check_runnable(q.device)
+    launch, out, lse = _forward_launch(q, k, v, bias, key_mask, seed, dropout_p)
+    _run(launch, block_m, block_n)
+    return out, lse
+
+
+def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
+    _check_runnable(q.device)
+    launches, gradients = _backward_launches(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, bias_gradient)
+    for launch in launches:
+        _run(launch, block_m, block_n)
+    return gradients
 
 
 # ----------------------------------------------------------------------------- the custom ops
@@ -540,6 +657,16 @@ relative_attention_op.register_autograd(_backward_formula, setup_context=_setup_
 
 # ----------------------------------------------------------------------------- the entry points
 
+def dropout_rate(dropout_p: float) -> float:
+    """The rate the kernels drop at for `dropout_p`: t / 2^16, t = dropout_p * 2^16 rounded (p in fp32, as
+    the kernels receive it). A value is kept where its 16-bit uniform is >= t, with probability exactly
+    1 - t / 2^16, and scaled by the reciprocal of that (`_dropout_threshold`): at p = 0.1, t = 6,554, the
+    keep probability 58,982 / 65,536 = 0.899993896484375."""
+    as_fp32 = struct.unpack("f", struct.pack("f", dropout_p))[0]
+    return math.floor(as_fp32 * 65536.0 + 0.5) / 65536.0
+
+
+
 def relative_attention(
     q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, key_mask: Tensor | None = None,
     dropout_p: float = 0.0, seed: Tensor | None = None, blocks: tuple[int, int] | None = None,
@@ -549,11 +676,13 @@ def relative_attention(
     `bias` (heads, 2S + 1), fp32 (cast if not), gets a gradient: the bias of each key-minus-query
     distance -S .. S at entry distance + S; a pair farther apart than S reads the entry of -S or S (the
     last buckets: `RelativePositionBias.by_distance` gives the S from which they saturate; a bias of
-    every distance is S = T - 1). `key_mask` (B, T) bool, True on real
-    keys, None for none padded; `seed` an int64 scalar tensor on q's device (drawn from torch's
-    generator when None and dropout is on); `blocks` (query block, key block), powers of two >= 16, for
-    all three kernels, or None: each kernel autotuned among its `TILES` at its first call per problem kind
-    (under the interpreter, among `INTERPRETER_TILES`). The output is laid out as (B, T, heads, d) in memory.
+    every distance is S = T - 1). `key_mask` (B, T) bool, True on real keys, None for none padded;
+    `dropout_p` is applied at the kernels' resolution, `dropout_rate(dropout_p)` (a multiple of 2^-16),
+    kept values scaled by 1 / (1 - that); `seed` an int64 scalar tensor on q's device (drawn from
+    torch's generator when None and dropout is on); `blocks` (query block, key block), powers of two
+    >= 16, for all three kernels, or None: each kernel autotuned among its `TILES` at its first call per
+    problem kind (under the interpreter, among `INTERPRETER_TILES`). The output is laid out as (B, T,
+    heads, d) in memory.
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -573,6 +702,9 @@ def relative_attention(
         if tuple(key_mask.shape) != (batch, seq_len) or key_mask.dtype != torch.bool:
             raise ValueError(f"key_mask must be bool ({batch}, {seq_len}), "
                              f"got {key_mask.dtype} {tuple(key_mask.shape)}")
+    dropout_p = dropout_rate(dropout_p)
+    if dropout_p >= 1.0:
+        raise ValueError("dropout_p rounds to 1 at the kernels' resolution of 2^-16")
     if dropout_p > 0:
         if seed is None:
             seed = torch.randint(0, 2**62, (), device=q.device, dtype=torch.int64)
@@ -590,11 +722,11 @@ def dropout_keep_mask(
     seed: Tensor, batch: int, heads: int, seq_len: int, dropout_p: float, blocks: tuple[int, int] | None = None,
 ) -> Tensor:
     """(B, heads, T, T) bool: the probabilities the kernels keep for this seed (debugging and tests; it
-    materialises what the kernels never do). Kept values are scaled by 1 / (1 - dropout_p). The mask does
-    not depend on the tiles; `blocks` only shows that."""
+    materialises what the kernels never do). Kept values are scaled by 1 / (1 - dropout_rate(dropout_p)).
+    The mask does not depend on the tiles; `blocks` only shows that."""
     _check_runnable(seed.device)
     block_m, block_n = blocks or (32, 32)
     keep = torch.empty((batch, heads, seq_len, seq_len), dtype=torch.int8, device=seed.device)
     grid = (triton.cdiv(seq_len, block_m), triton.cdiv(seq_len, block_n), batch * heads)
-    _keep_mask_kernel[grid](seed, keep, seq_len, float(dropout_p), BLOCK_M=block_m, BLOCK_N=block_n)
+    _keep_mask_kernel[grid](seed, keep, seq_len, dropout_rate(dropout_p), BLOCK_M=block_m, BLOCK_N=block_n)
     return keep.bool()
