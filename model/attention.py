@@ -20,9 +20,11 @@ implementations compute the same thing:
   read per tile, padding keys as a (B, T) mask, attention dropout with Philox inside the kernel, and
   the bias gradient reduced inside the kernel; no (B, heads, T, T) tensor in forward or backward,
   with or without dropout. It needs triton (an optional import inside model.kernels) and a CUDA
-  device, or Triton's interpreter on CPU (the tests). The first call per configuration on a GPU runs a
-  small probe; if that fails, attention falls back, with one warning naming the cause, to what
-  'auto' picked before this kernel existed (flex without active attention dropout, SDPA with it).
+  device, or Triton's interpreter on CPU (the tests). On a GPU each shape (`TritonShape`: T, padding,
+  dropout, with or without gradients, ...) is probed eagerly before its first call (`probe_triton`;
+  `model.step.TrainingStep.warm_up` does it before a compiled step is traced); where that fails,
+  that shape alone falls back, with one warning naming it and the cause, to what 'auto' picked
+  before this kernel existed (flex without active attention dropout, SDPA with it).
 - 'reference' spells the softmax out; the tests compare the others against it.
 
 'auto' (the default) picks 'triton' on CUDA, in training and eval, with attention dropout on or
