@@ -4,6 +4,7 @@ with --peer, a transformers model doing the same job on the same batch, in the s
     python -m model.bench --preset tiny|small|base|base++|large++|study|study-cpu --seq-len L --batch-size B --steps N
         [--variant NAME] [--attention auto|sdpa|flex|triton|reference] [--attention-dropout P] [--compile]
         [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile]
+    python -m model.bench --compiles --preset base --seq-len 512    # kernel variants compiled before step 1
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
 device's dense bf16 peak; with --peer the peer's numbers and the ratios ours/peer of tokens/s and
@@ -38,7 +39,9 @@ peer (the goal beyond that: 45%).
 'auto' runs our fused Triton kernel (`model.kernels.attention`) on CUDA, with or without attention
 dropout, and SDPA elsewhere; where the kernel fails its probe, flex (no dropout active) or SDPA
 (see `model.attention`). The line `attention` after our side names what ran, per kind of pass,
-after any fallback. --attention triton forces the kernel; FlexAttention has no attention dropout,
+after any fallback, and every fallback with its shape and cause. --compiles prints, without running
+anything on a device, how many Triton kernel variants a process compiles before its first step
+(docs/design.md 7.2). --attention triton forces the kernel; FlexAttention has no attention dropout,
 so --attention flex needs --attention-dropout 0. The peers get the same dropout settings.
 
 Every side runs the pretraining job's own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, fused AdamW, the

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 import model.attention as attention_module
 import model.encoder as encoder_module
@@ -30,8 +31,14 @@ from model import ObjectiveConfig, build_pretraining_model, model_size
 from model.attention import PROBE_BLOCKS, TritonShape, kernel_variants, triton_works
 from model.bench import kernel_compiles, random_batch
 from model.encoder import Encoder, attention_fallbacks, attention_ran
+from model.kernels import attention as kernels
 from model.objective import to_device
-from model.step import OptimizerConfig, TrainingStep, build_optimizer, compile_step
+from model.step import Interval, OptimizerConfig, TrainingStep, build_optimizer, compile_step
+
+from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG
+from jobs.pretraining.checkpoint import TrainState
+from jobs.pretraining.config import resolve, with_vocab_size
+from jobs.pretraining.loop import Logger, LoopContext
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -86,8 +93,6 @@ def probed_on_cpu(fresh_state, monkeypatch):
 def kernel_calls(monkeypatch, fail_at: int | None = None, stage: str = "forward") -> list[tuple[str, int, tuple]]:
     """(stage, T, tiles) of every call of the kernel's entry points from now on, the tiles (0, 0) where
     they are tuned; `stage` raises at T = `fail_at`."""
-    from model.kernels import attention as kernels
-
     calls = []
     # q is _forward's first argument and _backward's second (after dout); the tiles follow dropout_p
     for name, position, tiles in (("forward", 0, 7), ("backward", 1, 10)):
@@ -138,8 +143,6 @@ def test_a_kernel_failure_at_one_length_falls_back_there_alone_and_the_step_goes
     assert f"T {CROP}, packed, dropout 0.1, training" in str(fallbacks[0].message)
     assert f"InjectedFailure: injected in the {stage} at T {CROP}" in str(fallbacks[0].message)
     assert shapes_checked() == {(SEQ_LEN, True): True, (CROP, True): False, (SEQ_LEN, False): True}
-    from model.kernels import attention as kernels
-
     for tuned in (kernels._forward_tuned, kernels._dkdv_tuned, kernels._dq_tuned):  # tuned in the warm-up
         assert any(key[0] == SEQ_LEN for key in tuned.cache), tuned.cache
     calls.clear()
@@ -182,8 +185,6 @@ def test_a_compiled_step_is_probed_by_its_eager_warm_up_and_a_shape_it_never_met
 @interpreted
 def test_passes_without_gradients_run_at_the_probe_tiles_and_tune_nothing(probed_on_cpu):
     """The sampling pass (no gradients) runs the forward at `PROBE_BLOCKS`: the probe's binary, no tuning."""
-    from model.kernels import attention as kernels
-
     model, step, batch = tiny_training()
     encoder = model.aux.encoder
     tuned_before = dict(kernels._forward_tuned.cache)
@@ -202,12 +203,10 @@ def test_the_kernel_variants_compiled_before_step_1_are_at_most_40():
     not): a training shape compiles its tuning's tiles, which include the probe's (`PROBE_BLOCKS`, the
     first of every list), for 3 kernels; the no-grad shape one forward at the probe's tiles. Base's
     count is the same (`python -m model.bench --compiles --preset base --seq-len 512`)."""
-    from model.kernels.attention import TILES
-
     shapes, variants = kernel_compiles("tiny", 64)
     assert sorted((s.seq_len, s.grad, s.dropout_p) for s in shapes) == [(57, True, 0.1), (64, False, 0.0),
                                                                         (64, True, 0.1)]
-    assert len(variants) == 2 * sum(len(tiles) for tiles in TILES.values()) + 1 <= 40
+    assert len(variants) == 2 * sum(len(tiles) for tiles in kernels.TILES.values()) + 1 <= 40
     # T 496 shares 512's binaries (both multiples of 16): a new shape, no new variant
     shape = next(s for s in shapes if s.seq_len == 64 and s.grad)
     assert kernel_variants({shape, shape._replace(seq_len=496)}) == kernel_variants({shape})
@@ -250,14 +249,6 @@ def test_the_first_progress_line_and_the_run_tags_say_which_attention_ran_and_ev
     """The pretraining job's logger (rank 0) on a real MLflow store, after a real step on the CPU (SDPA):
     the first line names what ran per kind of pass, the run's tags hold it; a later line repeats it only
     when it changed: after a fallback, which it names with its cause."""
-    from mlflow.tracking import MlflowClient
-
-    from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG
-    from jobs.pretraining.checkpoint import TrainState
-    from jobs.pretraining.config import resolve, with_vocab_size
-    from jobs.pretraining.loop import Logger, LoopContext
-    from model.step import Interval
-
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run_id = client.create_run(client.create_experiment("pretraining")).info.run_id
     cfg = with_vocab_size(resolve("tiny", "cocolm", ["data.seq_len=32", "train.max_steps=3"]), 50)
