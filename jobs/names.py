@@ -22,6 +22,10 @@ KIND_FEWSHOT = "fewshot-study"  # a few-shot study's parent run (jobs.finetuning
 PRETRAINING_TAG = "cocolm.pretraining_run"  # on a sweep parent: the pretraining run it fine-tunes
 CHECKPOINT_TAG = "cocolm.checkpoint"  # on a finished pretraining run: its final checkpoint
 STOP_TAG = "cocolm.stopped"  # set when the pretraining loop stops itself (non-finite loss), with the reason
+# On a pretraining run, from its first log line on: which attention its encoders ran per kind of pass, after
+# any fallback (model.encoder.attention_ran), and every fallback with its cause, or "none".
+ATTENTION_TAG = "cocolm.attention"
+ATTENTION_FALLBACKS_TAG = "cocolm.attention_fallbacks"
 TRIAL_TAG = "cocolm.trial"  # on a trial run: the trial's name (task, grid point, seed)
 ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
 ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)

@@ -20,9 +20,11 @@ implementations compute the same thing:
   read per tile, padding keys as a (B, T) mask, attention dropout with Philox inside the kernel, and
   the bias gradient reduced inside the kernel; no (B, heads, T, T) tensor in forward or backward,
   with or without dropout. It needs triton (an optional import inside model.kernels) and a CUDA
-  device, or Triton's interpreter on CPU (the tests). The first call per configuration on a GPU runs a
-  small probe; if that fails, attention falls back, with one warning naming the cause, to what
-  'auto' picked before this kernel existed (flex without active attention dropout, SDPA with it).
+  device, or Triton's interpreter on CPU (the tests). On a GPU each shape (`TritonShape`: T, padding,
+  dropout, with or without gradients, ...) is probed eagerly before its first call (`probe_triton`;
+  `model.step.TrainingStep.warm_up` does it before a compiled step is traced); where that fails,
+  that shape alone falls back, with one warning naming it and the cause, to what 'auto' picked
+  before this kernel existed (flex without active attention dropout, SDPA with it).
 - 'reference' spells the softmax out; the tests compare the others against it.
 
 'auto' (the default) picks 'triton' on CUDA, in training and eval, with attention dropout on or
@@ -35,12 +37,13 @@ active is an error, and the fallback from 'triton' takes flex only while no drop
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -342,7 +345,13 @@ _flex_checked: dict[tuple, bool] = {}
 _flex_failure: list[str] = []  # the cause, once flex failed: every later check answers False at once
 
 
-def _kernel_works(checked: dict[tuple, bool], failures: list[str], key: tuple, probe: Callable[[], None],
+def failure_cause(error: Exception) -> str:
+    """An exception as a warning or a log names it: its type and first line."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _kernel_works(checked: dict, failures: list[str], key: tuple, probe: Callable[[], None],
                   warning: str) -> bool:
     """`probe()` once per configuration `key`, and after the first failure never again; a failure warns
     once with `warning` (its `{cause}` filled in: the exception's type and first line)."""
@@ -353,7 +362,7 @@ def _kernel_works(checked: dict[tuple, bool], failures: list[str], key: tuple, p
             probe()
             checked[key] = True
         except Exception as error:  # inductor, Triton and CUDA raise many types; all mean "not here"
-            cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            cause = failure_cause(error)
             failures.append(cause)
             checked[key] = False
             warnings.warn(warning.format(cause=cause), RuntimeWarning, stacklevel=3)
@@ -401,6 +410,14 @@ class TritonBias:
 
     distance_bias: torch.Tensor | None  # (heads, 2S + 1) fp32, `RelativePositionBias.by_distance`; None without it
     key_mask: torch.Tensor | None  # (B, T) bool, True on real keys; None: no padding anywhere
+    blocks: tuple[int, int] | None = None  # fixed tiles (`PROBE_BLOCKS`); None: each kernel's tuned tiles
+
+
+# The tiles the probe and every pass without gradients run at, fixed (no autotuning): 64 x 64, which the
+# kernels launch with 4 warps and 2 stages, the first entry of every `TILES` list, so tuning a shape the
+# probe has compiled reuses the probe's binary instead of compiling it again. Passes without gradients
+# (sampling, evaluation) are forward only and a small share of a step: they are not worth a tuning each.
+PROBE_BLOCKS = (64, 64)
 
 
 def triton_relative_attention(
@@ -409,7 +426,7 @@ def triton_relative_attention(
     """The fused Triton kernel (`model.kernels.attention`); (B, heads, T, d) in and out, the output laid
     out as (B, T, heads, d) in memory. Each call draws its dropout seed on the device from torch's
     generator. Without triton it raises, naming the cause."""
-    return fused_relative_attention(q, k, v, bias.distance_bias, bias.key_mask, dropout_p)
+    return fused_relative_attention(q, k, v, bias.distance_bias, bias.key_mask, dropout_p, blocks=bias.blocks)
 
 
 def fused_relative_attention(*args, **kwargs) -> torch.Tensor:
@@ -420,41 +437,130 @@ def fused_relative_attention(*args, **kwargs) -> torch.Tensor:
     return _FUSED_KERNELS.relative_attention(*args, **kwargs)
 
 
-_triton_checked: dict[tuple, bool] = {}
-_triton_failure: list[str] = []  # the cause, once the Triton kernel failed: later checks answer False at once
+class TritonShape(NamedTuple):
+    """One problem the Triton kernel is probed for, and falls back for on its own: everything its
+    compiled variants and its tuning depend on (the batch size is in neither). A named tuple, which
+    dynamo hashes and compares while it traces a compiled step (`triton_probed`)."""
+
+    device: str
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    relative: bool  # with the relative bias (and its gradient, in a pass with gradients)
+    seq_len: int
+    padded: bool  # a (B, T) mask of real keys; False: packed blocks, no mask at all
+    dropout_p: float  # attention dropout, 0 where it is not active
+    grad: bool  # a pass with gradients (forward and backward, tuned tiles) or without (forward, `PROBE_BLOCKS`)
+
+    def __str__(self) -> str:
+        kind = "training" if self.grad else "no-grad"
+        return (f"T {self.seq_len}, {'padded' if self.padded else 'packed'}, dropout {self.dropout_p:g}, "
+                f"{kind}, {str(self.dtype).removeprefix('torch.')}, {self.heads} x {self.head_dim}")
 
 
-def triton_works(key: tuple, probe: Callable[[], None]) -> bool:
-    """Whether the Triton kernel runs for the configuration `key` (as `flex_works`): after a failure,
-    one warning naming the cause, and `fallback_attention` from then on in this process."""
-    return _kernel_works(_triton_checked, _triton_failure, key, probe,
-                         "the Triton attention kernel does not run on this device ({cause}); attention uses "
-                         "flex (no attention dropout active) or SDPA (dropout active) from here on in this process")
+_triton_checked: dict[TritonShape, bool] = {}
+_triton_failures: dict[TritonShape, str] = {}  # shape -> why the kernel does not run there
 
 
-def triton_failure() -> str | None:
-    """Why the Triton kernel was given up in this process, or None while it works (or was never tried)."""
-    return _triton_failure[0] if _triton_failure else None
+def triton_works(shape: TritonShape, probe: Callable[[], None]) -> bool:
+    """Whether the Triton kernel runs at `shape`: `probe()` once per shape, eagerly. A failure there (in
+    compile, tuning, forward or backward) warns once, naming the shape and the cause, and that shape runs
+    `fallback_attention` from then on in this process; every other shape keeps the kernel."""
+    if shape not in _triton_checked:
+        try:
+            probe()
+            _triton_checked[shape] = True
+        except Exception as error:  # Triton, its compiler and CUDA raise many types; all mean "not here"
+            _triton_checked[shape] = False
+            _triton_failures[shape] = failure_cause(error)
+            warnings.warn(f"the Triton attention kernel does not run at {shape} ({_triton_failures[shape]}); "
+                          "that shape uses flex (no attention dropout active) or SDPA (dropout active) from here "
+                          "on in this process, the others keep the kernel", RuntimeWarning, stacklevel=3)
+    return _triton_checked[shape]
 
 
-def probe_triton(device: torch.device, heads: int, head_dim: int, dtype: torch.dtype, relative: bool,
-                 dropout_p: float) -> None:
-    """Compile and run the Triton kernel as the encoder will: forward + backward on a padded batch and
-    on one without padding (each a kernel of its own), the bias needing a gradient, then a no-grad
-    forward (the sampling pass). Without triton the first call raises: a probe failure like any other."""
-    seq_len = 200
-    mask = torch.ones(2, seq_len, dtype=torch.bool, device=device)
-    mask[1, 150:] = False
-    q, k, v = (torch.randn(2, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
-               for _ in range(3))
-    bias = torch.zeros(heads, 2 * seq_len - 1, device=device, requires_grad=True) if relative else None
-    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
-        for key_mask in (mask, None):
-            fused_relative_attention(q, k, v, bias, key_mask, dropout_p).float().sum().backward()
-    with torch.no_grad():
-        fused_relative_attention(q, k, v, bias, mask)
+def triton_probed(shape: TritonShape) -> bool:
+    """Whether the Triton kernel was probed at `shape` and runs there, without probing: what a compiled
+    step asks while it is traced, when no probe can run. A shape first met there was not warmed up before
+    the step was compiled (`model.step.TrainingStep.warm_up`): it falls back, recorded but not warned
+    about (a warning would break the graph); `model.encoder.attention_report` names it."""
+    if shape not in _triton_checked:
+        _triton_checked[shape] = False
+        _triton_failures[shape] = "not probed before the step was compiled (no eager warm-up met this shape)"
+    return _triton_checked[shape]
+
+
+def triton_failures() -> dict[TritonShape, str]:
+    """Every shape at which the Triton kernel was given up in this process, with the cause."""
+    return dict(_triton_failures)
+
+
+def probe_triton(shape: TritonShape, batch: int, reach: int) -> None:
+    """Compile and run the Triton kernel at `shape` as the encoder will, on random inputs, so that any
+    failure shows here, where it can be caught: at the fixed `PROBE_BLOCKS` (forward, and backward in a
+    pass with gradients); then, for a pass with gradients, at the tuned tiles with the real `batch` size,
+    forward and backward, which tunes each kernel for this shape now, eagerly, before any compiled step
+    or CUDA graph capture meets it. `reach` is S of the bias by distance (heads, 2S + 1). Without triton
+    the first call raises: a probe failure like any other."""
+    device = torch.device(shape.device)
+    tiles = [(1, PROBE_BLOCKS)] + ([(batch, None)] if shape.grad else [])
+    for size, blocks in tiles:
+        q, k, v = (torch.randn(size, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=shape.dtype,
+                               requires_grad=shape.grad) for _ in range(3))
+        bias = (torch.zeros(shape.heads, 2 * reach + 1, device=device, requires_grad=shape.grad)
+                if shape.relative else None)
+        mask = None
+        if shape.padded:
+            mask = torch.ones(size, shape.seq_len, dtype=torch.bool, device=device)
+            mask[-1, shape.seq_len // 2:] = False
+        with torch.set_grad_enabled(shape.grad), torch.autocast(device.type, enabled=False):
+            out = fused_relative_attention(q, k, v, bias, mask, shape.dropout_p, blocks=blocks)
+            if shape.grad:
+                out.float().sum().backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+_plans: list[set[TritonShape]] = []  # while `planning()`: the shapes the Triton kernel would be probed at
+
+
+@contextlib.contextmanager
+def planning():
+    """Yields the set of every `TritonShape` the encoders' passes meet inside the block, on any device,
+    without probing or running the Triton kernel (they run its fallback): what `kernel_variants` counts
+    for `python -m model.bench --compiles`."""
+    shapes: set[TritonShape] = set()
+    _plans.append(shapes)
+    try:
+        yield shapes
+    finally:
+        _plans.pop()
+
+
+def planned(shape: TritonShape) -> bool:
+    """Inside `planning()`: records `shape` and answers True (the caller then runs the fallback)."""
+    if _plans:
+        _plans[-1].add(shape)
+    return bool(_plans)
+
+
+def kernel_variants(shapes: set[TritonShape]) -> set[tuple]:
+    """The distinct compiled kernels (binaries) the probe and warm-up of these shapes build in one process,
+    each named by what Triton keys a binary on: the kernel, its tiles, warps and stages, its constexpr
+    flags and how it specialises T (a multiple of 16 or not). Per shape: the forward, and for a pass with
+    gradients dK/dV and dQ; each at `PROBE_BLOCKS` (the probe; passes without gradients run there), and,
+    with gradients, at every tile its autotuning times (`TILES`). T = 512 and 496 share binaries but not
+    their tuning, which times the binaries it already has without compiling them again."""
+    kernels = _FUSED_KERNELS
+    probe_tile = (*PROBE_BLOCKS, *kernels._launch_options(*PROBE_BLOCKS).values())
+    variants = set()
+    for shape in shapes:
+        problem = (shape.seq_len % 16 == 0, shape.head_dim, shape.dtype, shape.relative, shape.padded,
+                   shape.dropout_p > 0)
+        for kind in ("forward", "dkdv", "dq") if shape.grad else ("forward",):
+            tiles = {probe_tile, *(kernels.TILES[kind] if shape.grad else ())}
+            variants |= {(kind, tile, problem) for tile in tiles}
+    return variants
 
 
 ATTENTION_IMPLEMENTATIONS = {

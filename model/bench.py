@@ -4,6 +4,7 @@ with --peer, a transformers model doing the same job on the same batch, in the s
     python -m model.bench --preset tiny|small|base|base++|large++|study|study-cpu --seq-len L --batch-size B --steps N
         [--variant NAME] [--attention auto|sdpa|flex|triton|reference] [--attention-dropout P] [--compile]
         [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile]
+    python -m model.bench --compiles --preset base --seq-len 512    # kernel variants compiled before step 1
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
 device's dense bf16 peak; with --peer the peer's numbers and the ratios ours/peer of tokens/s and
@@ -38,7 +39,9 @@ peer (the goal beyond that: 45%).
 'auto' runs our fused Triton kernel (`model.kernels.attention`) on CUDA, with or without attention
 dropout, and SDPA elsewhere; where the kernel fails its probe, flex (no dropout active) or SDPA
 (see `model.attention`). The line `attention` after our side names what ran, per kind of pass,
-after any fallback. --attention triton forces the kernel; FlexAttention has no attention dropout,
+after any fallback, and every fallback with its shape and cause. --compiles prints, without running
+anything on a device, how many Triton kernel variants a process compiles before its first step
+(docs/design.md 7.2). --attention triton forces the kernel; FlexAttention has no attention dropout,
 so --attention flex needs --attention-dropout 0. The peers get the same dropout settings.
 
 Every side runs the pretraining job's own step (`model.step.TrainingStep`: bf16 autocast on CUDA, backward, clipping, fused AdamW, the
@@ -77,10 +80,10 @@ import transformers
 import yaml
 from torch import nn
 
-from .attention import ATTENTION_CHOICES, flex_failure, resolve_attention, triton_failure
+from .attention import ATTENTION_CHOICES, kernel_variants, planning, resolve_attention
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
-from .encoder import Encoder, compile_encoders
+from .encoder import Encoder, attention_fallbacks, attention_ran, compile_encoders
 from .flops import device_peak_flops, electra_peer_step_flops, roberta_peer_step_flops, step_flops
 from .losses import mlm_loss
 from .objective import build_pretraining_model, step_inputs, take, to_device
@@ -208,6 +211,7 @@ def training_step(
     optimizer, scheduler = build_optimizer(model, cfg, device)
     step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.clip_norm,
                         cuda_graphs=cuda_graphs)
+    step.warm_up(data, model)  # our encoders' attention probed and tuned at the step's shapes, eagerly
     return lambda: step([data])
 
 
@@ -281,16 +285,29 @@ def run(
     return replace(result, attention=attention_ran(model))
 
 
-def attention_ran(model: nn.Module) -> str:
-    """What attention our encoders ran in their last passes, after any fallback (`Encoder.attention_ran`):
-    e.g. 'triton in training passes, triton in no-grad passes'."""
-    ran: dict[str, set[str]] = {}
+def kernel_compiles(preset: str, seq_len: int, variant_name: str = "cocolm",
+                    attention_dropout: float | None = None) -> tuple[set, set]:
+    """(the attention shapes, the Triton kernel variants) one process compiles before its first step of
+    this preset, as `TrainingStep.warm_up` probes and tunes them: the shapes are those one forward of the
+    step meets (a training pass per sequence length, the sampling pass), found on the CPU without running
+    the kernel (`model.attention.planning`; one sequence, as the batch size changes neither), the variants
+    counted from them (`model.attention.kernel_variants`)."""
+    model_cfg, objective_cfg, crop_fraction = bench_config(preset, variant_name, attention_dropout)
+    model = build_pretraining_model(model_cfg, objective_cfg).train()
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
-        for kind, implementation in encoder.attention_ran.items():
-            if implementation:  # "": no pass of this kind ran (`model.step.compile_step` sets the keys)
-                ran.setdefault(kind, set()).add(implementation)
-    kinds = [kind for kind in ("training", "no-grad") if kind in ran]
-    return ", ".join(f"{'/'.join(sorted(ran[kind]))} in {kind} passes" for kind in kinds)
+        encoder.set_attention("triton")
+    data = to_device(random_batch(1, seq_len, model_cfg.vocab_size, crop_fraction), torch.device("cpu"), MASK_RATE)
+    with planning() as shapes:
+        model(data)
+    return shapes, kernel_variants(shapes)
+
+
+def compiles_line(preset: str, seq_len: int, variant_name: str, attention_dropout: float | None) -> str:
+    shapes, variants = kernel_compiles(preset, seq_len, variant_name, attention_dropout)
+    per_kind = {kind: sum(1 for v in variants if v[0] == kind) for kind in ("forward", "dkdv", "dq")}
+    listed = "; ".join(str(shape) for shape in sorted(shapes, key=lambda s: (-s.grad, -s.seq_len)))
+    return (f"Triton kernel variants compiled per process before step 1: {len(variants)} (forward "
+            f"{per_kind['forward']}, dK/dV {per_kind['dkdv']}, dQ {per_kind['dq']}) for {len(shapes)} shapes: {listed}")
 
 
 class ElectraPeer(nn.Module):
@@ -400,11 +417,7 @@ def run_peer(
 def _attention_line(choice: str, ran: str) -> str:
     """Which kernel ran (`BenchResult.attention`), the choice, and any fallback with its cause."""
     line = f"attention         {ran or 'unknown'} (choice: {choice})"
-    if failure := triton_failure():
-        line += f"; the Triton kernel failed here, flex or SDPA ran instead ({failure})"
-    if failure := flex_failure():
-        line += f"; flex failed here, SDPA ran instead ({failure})"
-    return line
+    return line + (f"; {fallbacks}" if (fallbacks := attention_fallbacks()) else "")
 
 
 # What `--peer all` measures: each peer with our like-for-like step (ELECTRA against --variant).
@@ -490,7 +503,13 @@ def main(argv: list[str] | None = None) -> None:
                         "hf-electra, then roberta_mlm against hf-roberta, with a summary and the targets")
     parser.add_argument("--profile", action="store_true",
                         help="print torch.profiler's costliest operators of each side after its timing")
+    parser.add_argument("--compiles", action="store_true",
+                        help="only count the Triton kernel variants our step compiles before its first step "
+                        "(on any device, without running it) and exit")
     args = parser.parse_args(argv)
+    if args.compiles:
+        print(compiles_line(args.preset, args.seq_len, args.variant, args.attention_dropout))
+        return
     dev = _device(args.device)
     model_cfg = bench_config(args.preset, args.variant, args.attention_dropout)[0]
     if args.attention == "flex" and model_cfg.attention_dropout > 0:

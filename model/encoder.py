@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import (
-    FlexBias, RelativePositionBias, SelfAttention, TritonBias, attention_bias, check_attention_choice, compute_dtype,
-    device_flex_options, fallback_attention, flex_bias, flex_works, probe_flex, probe_triton, resolve_attention,
-    triton_works,
+    PROBE_BLOCKS, FlexBias, RelativePositionBias, SelfAttention, TritonBias, TritonShape, attention_bias,
+    check_attention_choice, compute_dtype, device_flex_options, fallback_attention, flex_bias, flex_failure,
+    flex_works, planned, probe_flex, probe_triton, resolve_attention, triton_failures, triton_probed, triton_works,
 )
 from .config import EncoderConfig
 
@@ -23,6 +23,16 @@ from .config import EncoderConfig
 # Where compiled flex and the Triton kernel can fail to build (tiles, shared memory, a Triton version)
 # and are probed before first use.
 PROBED_DEVICE_TYPES = ("cuda",)
+
+
+def probes_attention(device: torch.device) -> bool:
+    """Whether attention kernels are probed before they run on `device` (`PROBED_DEVICE_TYPES`)."""
+    return device.type in PROBED_DEVICE_TYPES
+
+
+# The kinds of pass an encoder records the attention of (`Encoder.attention_ran`): with gradients
+# (training), and without (the auxiliary's sampling pass in a pretraining step, and evaluation).
+PASS_KINDS = ("training", "no-grad")
 
 
 def init_weights(module: nn.Module) -> None:
@@ -132,20 +142,21 @@ class Encoder(nn.Module):
         x = self.embeddings(input_ids)  # (B, T, E)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)  # (B, T, H)
-        seq_len = input_ids.shape[1]
+        batch, seq_len = input_ids.shape
         dropout_active = self.training and self.cfg.attention_dropout > 0
         implementation = resolve_attention(self.attention_implementation, x.device, dropout_active)
         dtype = compute_dtype(x)  # q's dtype: bf16 under autocast while x stays fp32
-        if implementation == "triton" and not self._triton_runs(x.device, dtype, dropout_active):
+        padding = None if all_real else attention_mask.bool()
+        if implementation == "triton" and not self._triton_runs(x.device, dtype, dropout_active, batch, seq_len,
+                                                                padding is not None):
             implementation = fallback_attention(x.device, dropout_active)
         if implementation == "flex" and not self._flex_runs(x.device, dtype):
             implementation = "sdpa"
-        self.attention_ran["training" if torch.is_grad_enabled() else "no-grad"] = implementation
-        padding = None if all_real else attention_mask.bool()
+        self.attention_ran[PASS_KINDS[0] if torch.is_grad_enabled() else PASS_KINDS[1]] = implementation
         if implementation == "triton":
             # the bias per distance, (h, 2S + 1): no (h, T, T) lookup at all
             distance_bias = self.relative_bias.by_distance(seq_len) if self.relative_bias is not None else None
-            bias = TritonBias(distance_bias, padding)
+            bias = TritonBias(distance_bias, padding, None if torch.is_grad_enabled() else PROBE_BLOCKS)
         else:
             position_bias = self.relative_bias(seq_len) if self.relative_bias is not None else None
             if implementation == "flex":
@@ -161,22 +172,52 @@ class Encoder(nn.Module):
         """False when compiled flex fails on this GPU (checked once per process and configuration,
         then SDPA runs: see `model.attention.flex_works`). CPU flex is torch's unfused reference path,
         and inside a compiled region the check has already run or cannot."""
-        if device.type not in PROBED_DEVICE_TYPES or torch.compiler.is_compiling():
+        if not probes_attention(device) or torch.compiler.is_compiling():
             return True
         cfg, relative = self.cfg, self.relative_bias is not None
         key = (str(device), cfg.num_heads, cfg.head_dim, dtype, relative)
         return flex_works(key, lambda: probe_flex(device, cfg.num_heads, cfg.head_dim, dtype, relative))
 
-    def _triton_runs(self, device: torch.device, dtype: torch.dtype, dropout_active: bool) -> bool:
-        """False when the Triton kernel fails on this GPU (probed once per process and configuration,
-        then `fallback_attention` runs: see `model.attention.triton_works`). Off CUDA it is not
-        probed (on CPU it runs under Triton's interpreter or raises, naming why)."""
-        if device.type not in PROBED_DEVICE_TYPES or torch.compiler.is_compiling():
-            return True
+    def _triton_runs(self, device: torch.device, dtype: torch.dtype, dropout_active: bool, batch: int,
+                     seq_len: int, padded: bool) -> bool:
+        """False where the Triton kernel fails at this shape on this GPU (probed once per process and
+        `TritonShape`, eagerly, then `fallback_attention` runs for that shape alone: see
+        `model.attention.triton_works`). Inside a compiled region no probe can run: a shape the eager
+        warm-up did not meet falls back (`model.attention.triton_probed`). Off CUDA it is not probed (on
+        CPU it runs under Triton's interpreter or raises, naming why)."""
         cfg, relative = self.cfg, self.relative_bias is not None
-        dropout_p = cfg.attention_dropout if dropout_active else 0.0
-        key = ("triton", str(device), cfg.num_heads, cfg.head_dim, dtype, relative, dropout_p > 0)
-        return triton_works(key, lambda: probe_triton(device, cfg.num_heads, cfg.head_dim, dtype, relative, dropout_p))
+        shape = TritonShape(str(device), cfg.num_heads, cfg.head_dim, dtype, relative, seq_len, padded,
+                            cfg.attention_dropout if dropout_active else 0.0, torch.is_grad_enabled())
+        if planned(shape):  # counting the kernels a step would compile (`model.attention.planning`)
+            return False
+        if not probes_attention(device):
+            return True
+        if torch.compiler.is_compiling():
+            return triton_probed(shape)
+        reach = min(self.relative_bias.saturation, seq_len - 1) if relative else 0
+        return triton_works(shape, lambda: probe_triton(shape, batch, reach))
+
+
+def attention_ran(model: nn.Module) -> str:
+    """What attention the encoders inside `model` ran in their last passes, after any fallback
+    (`Encoder.attention_ran`), e.g. 'triton in training passes, triton in no-grad passes': what
+    `python -m model.bench` prints and the pretraining job logs."""
+    ran: dict[str, set[str]] = {}
+    for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
+        for kind, implementation in encoder.attention_ran.items():
+            if implementation:  # "": no pass of this kind ran (`model.step.compile_step` sets the keys)
+                ran.setdefault(kind, set()).add(implementation)
+    return ", ".join(f"{'/'.join(sorted(ran[kind]))} in {kind} passes" for kind in PASS_KINDS if kind in ran)
+
+
+def attention_fallbacks() -> str:
+    """Every fallback of this process with its cause, or '' where there was none: the Triton kernel's per
+    shape (flex or SDPA ran there instead) and flex's (SDPA ran instead)."""
+    lines = [f"the Triton kernel at {shape} fell back to flex/SDPA ({cause})"
+             for shape, cause in triton_failures().items()]
+    if failure := flex_failure():
+        lines.append(f"flex fell back to SDPA ({failure})")
+    return "; ".join(lines)
 
 
 def _dtype_of(tensor: torch.Tensor | None) -> torch.dtype | None:

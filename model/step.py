@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .encoder import Encoder
+from .encoder import PASS_KINDS, Encoder, probes_attention
 from .objective import PretrainingOutput
 
 
@@ -118,7 +118,7 @@ def compile_step(model: nn.Module, mode: str, backend: str = "inductor") -> None
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         # Each encoder records the attention that ran in a dict (`Encoder.attention_ran`); dynamo guards
         # on its keys, so a first trace with the dict still empty would compile the step twice.
-        for kind in ("training", "no-grad"):
+        for kind in PASS_KINDS:
             encoder.attention_ran.setdefault(kind, "")
     options = {"mode": mode} if backend == "inductor" else {}
     model.compile(fullgraph=True, dynamic=False, backend=backend, **options)
@@ -195,10 +195,40 @@ class TrainingStep:
         self.clip_norm, self.accumulation = clip_norm, accumulation
         # bf16 autocast on CUDA only: CPU runs (tests, laptops) stay fp32.
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and bf16)
+        self.device = device
         self._no_sync = getattr(model, "no_sync", None)
         if not all(group.get("fused") for group in optimizer.param_groups):
             raise ValueError("TrainingStep needs a fused optimizer (model.step.build_optimizer): only the fused "
                              "kernel skips a non-finite update without the host reading the gradient norm")
+
+    def warm_up(self, batch: dict[str, torch.Tensor], module: nn.Module) -> bool:
+        """Run `module`'s forward (the unwrapped, uncompiled forward: `module.forward`) once eagerly on
+        `batch`, under the step's autocast, where the attention kernels are probed (a GPU): each encoder
+        pass probes its attention at its shape before any compiled step is traced (a probe cannot run
+        while dynamo traces), tunes the Triton kernel there (so CUDA graph capture never meets a shape
+        to tune) and falls back per shape where it fails (`model.encoder.Encoder._triton_runs`). Torch's
+        random state is put back afterwards: the run draws what it would have drawn without it.
+
+        Under torch.distributed, rank 0 warms up first, alone; the others wait at a barrier and then warm
+        up too, reading rank 0's tuning from Triton's on-disk autotuning cache instead of timing the
+        tiles again (and so picking the same ones). Returns whether a warm-up ran here: not where
+        nothing is probed (CPU) nor for a module without our encoders (the benchmark's peers)."""
+        if not probes_attention(self.device) or not any(isinstance(m, Encoder) for m in module.modules()):
+            return False
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        first = not distributed or torch.distributed.get_rank() == 0
+        if first:
+            self._forward_once(batch, module)
+        if distributed:
+            torch.distributed.barrier()
+            if not first:
+                self._forward_once(batch, module)
+        return True
+
+    def _forward_once(self, batch: dict[str, torch.Tensor], module: nn.Module) -> None:
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), self.autocast:
+            module.forward(batch)  # not module(batch): a compiled module would trace here
 
     def micro_batch(self, batch: dict[str, torch.Tensor], last: bool) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro-batch (gradients accumulate); its values, still on the device."""

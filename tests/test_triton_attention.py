@@ -491,7 +491,7 @@ def fresh_triton_state(monkeypatch):
     """The Triton fallback's process-wide memory, emptied for one test (a failure left by another test
     would otherwise decide this one's path)."""
     monkeypatch.setattr(attention_module, "_triton_checked", {})
-    monkeypatch.setattr(attention_module, "_triton_failure", [])
+    monkeypatch.setattr(attention_module, "_triton_failures", {})
     monkeypatch.setattr(attention_module, "_flex_checked", {})
     monkeypatch.setattr(attention_module, "_flex_failure", [])
 
@@ -553,9 +553,10 @@ def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_caus
         warnings.simplefilter("error")
         assert torch.equal(enc(ids, mask), expected)  # stays on SDPA, silently
     assert len(probes) == 1
-    assert attention_module.triton_failure().startswith("SimulatedTritonError")
+    (shape, cause), = attention_module.triton_failures().items()
+    assert shape.seq_len == 40 and shape.padded and cause.startswith("SimulatedTritonError")
     line = bench._attention_line("auto", "sdpa in training passes")
-    assert "Triton kernel failed here" in line and "Hardware limit" in line
+    assert "the Triton kernel at T 40, padded" in line and "fell back to flex/SDPA" in line and "Hardware limit" in line
 
 
 def test_the_bench_reports_which_attention_ran():

@@ -21,14 +21,14 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from model import PretrainingObjective, build_pretraining_model
-from model.encoder import compile_encoders
+from model.encoder import attention_fallbacks, attention_ran, compile_encoders
 from model.objective import to_device
 from model.flops import device_peak_flops, step_flops
 from model.step import STEP_COMPILE_MODES, Interval, TrainingStep, build_optimizer, compile_step
 
 from jobs.cli import UserError
 from jobs.data.stream import pretraining_batches
-from jobs.names import STOP_TAG
+from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import PretrainConfig, to_yaml
@@ -91,8 +91,11 @@ def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
 class Logger:
     """Rank 0's MLflow client and progress line; a no-op elsewhere."""
 
-    def __init__(self, ctx: LoopContext, cfg: PretrainConfig, rank: int, world_size: int, device: torch.device):
+    def __init__(self, ctx: LoopContext, cfg: PretrainConfig, rank: int, world_size: int, device: torch.device,
+                 model: torch.nn.Module | None = None):
         self.enabled = rank == 0
+        self.model = model  # whose encoders' attention the first line (and any later change) names
+        self.attention = ""  # the attention text last logged
         self.client = MlflowClient(ctx.tracking_uri) if self.enabled else None
         self.run_id, self.cfg, self.world_size, self.device = ctx.run_id, cfg, world_size, device
         self.flops = step_flops(cfg.model, cfg.objective, cfg.data.seq_len, cfg.train.global_batch,
@@ -117,7 +120,22 @@ class Logger:
         say(f"step {state.step}/{self.cfg.train.max_steps} | loss {metrics['loss']:.3f} | "
               + " ".join(f"{k.removesuffix('_loss')} {metrics[k]:.3f}" for k in
                          ("aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss") if k in metrics)
-              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {_duration(left)} left")
+              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {_duration(left)} left"
+              + self._attention())
+
+    def _attention(self) -> str:
+        """' | attention: ...' where what ran differs from what was last logged (so on the first line, and
+        after a fallback met later, at a new shape), also set as the run's tags; else ''."""
+        if self.model is None:
+            return ""
+        ran, fallbacks = attention_ran(self.model) or "none ran", attention_fallbacks() or "none"
+        text = ran + ("" if fallbacks == "none" else f"; fallbacks: {fallbacks}")
+        if text == self.attention:
+            return ""
+        self.attention = text
+        for tag, value in ((ATTENTION_TAG, ran), (ATTENTION_FALLBACKS_TAG, fallbacks)):
+            self.client.set_tag(self.run_id, tag, value[:5000])  # MLflow's limit on a tag's value
+        return f" | attention: {text}"
 
     def stop(self, reason: str) -> None:
         if self.enabled:
@@ -203,9 +221,10 @@ def train_loop_per_worker(config: dict) -> None:
                         accumulation=accumulation, bf16=cfg.train.bf16, cuda_graphs=cuda_graphs)
     # Fixed shapes: the masked-position index padded to a count set by the mask rate and the block.
     fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
-    logger = Logger(ctx, cfg, rank, world_size, device)
+    logger = Logger(ctx, cfg, rank, world_size, device, model)
     shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
+    warmed_up = False
     gpus = world_size * (1 if device.type == "cuda" else 0)
 
     while state.step < cfg.train.max_steps:
@@ -213,6 +232,9 @@ def train_loop_per_worker(config: dict) -> None:
         batches = pretraining_batches(shard, cfg.data, state.epoch, drop_last=True, skip=state.batches_in_epoch)
         for batch in batches:
             batch = to_device(batch, device, fixed_rate)  # the step's host-side inputs computed before the copy
+            if not warmed_up:  # attention probed and tuned at the step's shapes, eagerly, rank 0 first
+                step.warm_up(batch, model)
+                warmed_up = True
             micro += 1
             last = micro % accumulation == 0
             interval.add(step.micro_batch(batch, last))
