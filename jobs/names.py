@@ -29,6 +29,15 @@ STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their s
 # jobs.studies.represent, logged on the pretraining run it measures:
 REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
 REPRESENT_ARTIFACT = "represent/cosines.csv"  # one row per sentence pair (kind, cosine)
+PRETRAINING_SEED_TAG = "pretraining_seed"  # on a pretraining run: the seed of its initialisation, corruption and data order
+RANDOM_INIT_VARIANT = "random_init"  # jobs.studies.control: the preset's encoder at initialisation, never trained
+# jobs.studies.probe, logged on the pretraining run it measures: linear probes on the frozen encoder's
+# [CLS] and mean-pooled last layer, fitted on SNLI train, C chosen on dev, scored on the whole test split.
+PROBE_FEATURES = ("cls", "mean")
+PROBE_METRICS = ("probe/cls_test_accuracy", "probe/mean_test_accuracy")  # the reported numbers, in PROBE_FEATURES order
+PROBE_DEV_METRICS = ("probe/cls_dev_accuracy", "probe/mean_dev_accuracy")  # the chosen C's, selection only
+PROBE_SIZE_METRICS = ("probe/train_pairs", "probe/dev_pairs", "probe/test_pairs")
+PROBE_ARTIFACT = "probe/probe.json"  # per feature: chosen C, accuracy per C, test confusion matrix; sizes, seconds
 
 
 def best_split_metric(split: str, metric: str) -> str:
@@ -93,6 +102,6 @@ COMPARABLE_METRICS = (
     "lm_accuracy_original", "mlm_accuracy", "scl_positive_cosine", "scl_negative_cosine",
     "cls_positive_cosine", "cls_negative_cosine",
     "aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss",
-    *REPRESENT_METRICS,
+    *REPRESENT_METRICS, *PROBE_METRICS,
 )
 NOT_COMPARABLE = ("loss",)  # shown last, and said to be a different sum per variant
