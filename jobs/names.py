@@ -46,7 +46,9 @@ def best_split_metric(split: str, metric: str) -> str:
 
 
 def best_task_metric(task: str, stat: str) -> str:
-    """On a sweep parent: `stat` (median, min, max, ...) over seeds of the task's best grid point."""
+    """On a sweep parent: `stat` (median, min, max, ...) over seeds of the task's best grid point, the grid
+    point chosen by its dev median; the values are the reported split's (`reported_split_tag`): the test
+    split's where the task has one, else dev's. `dev_<stat>` beside it is always dev's."""
     return f"best/{task}/{stat}"
 
 
@@ -59,6 +61,23 @@ def seed_scores(metrics: dict[str, float], task: str) -> dict[int, float]:
     prefix = best_task_metric(task, SEED_STAT)
     return {int(key.removeprefix(prefix)): value for key, value in metrics.items()
             if key.startswith(prefix) and key.removeprefix(prefix).isdigit()}
+
+
+DEV_STAT = "dev_"  # best_task_metric(task, f"dev_{stat}") and f"dev_seed_{seed}": the dev split's value at the
+#                   best grid point, beside the reported one: what chose the point, never the number reported
+
+
+def dev_seed_scores(metrics: dict[str, float], task: str) -> dict[int, float]:
+    """On a sweep parent: {seed: dev score} at the task's best grid point (the selection split's values)."""
+    prefix = best_task_metric(task, DEV_STAT + SEED_STAT)
+    return {int(key.removeprefix(prefix)): value for key, value in metrics.items()
+            if key.startswith(prefix) and key.removeprefix(prefix).isdigit()}
+
+
+def reported_split_tag(task: str) -> str:
+    """On a sweep parent: which split the task's reported values (`best/<task>/<stat>`, `seed_<n>`) come
+    from: "test" where the task has a test split (SNLI, a user folder's test file), else "dev"."""
+    return f"reported.{task}"
 
 
 def fewshot_metric(task: str, method: str, stat: str) -> str:
