@@ -15,6 +15,7 @@ from jobs.finetuning.tasks.snli import SNLI_DIR, read_snli
 from jobs.finetuning.tasks.specs import SNLI
 from jobs.finetuning.tasks.subsets import subsample
 from jobs.finetuning.tasks.task import Split, Task
+from jobs.cli import UserError
 from jobs.names import PROBE_ARTIFACT, PROBE_DEV_METRICS, PROBE_METRICS, PROBE_SIZE_METRICS
 from jobs.studies import probe
 from jobs.tracking import experiment_id
@@ -102,3 +103,11 @@ def test_probes_of_a_frozen_encoder_read_a_label_its_input_carries(exported):
     details = probe.probe_encoder(exported, task, max_length=32)
     assert details["probes"]["mean"]["test_accuracy"] > 0.9 and details["probes"]["cls"]["test_accuracy"] > 0.9
     assert details["pairs"] == {"train": 300, "dev": 90, "test": 150}
+
+
+def test_an_unknown_run_is_one_error_line_before_anything_is_probed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(UserError, match="--from 'nope': no such run in the MLflow store"):
+        probe.main(["--from", "nope", "--tracking-uri", uri])
+    with pytest.raises(UserError, match="one of them"):
+        probe.ProbeOptions()

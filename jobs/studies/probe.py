@@ -34,6 +34,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import confusion_matrix
@@ -224,6 +225,11 @@ def run(opts: ProbeOptions) -> list[ProbeResult]:
         run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
         if not run_ids:
             raise UserError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
+    for run_id in run_ids:  # every id checked before any run is probed
+        try:
+            client.get_run(run_id)
+        except MlflowException:
+            raise UserError(f"--from {run_id!r}: no such run in the MLflow store {tracking_uri}") from None
     task = probe_task(opts.train_pairs)
     return [analyse_run(client, run_id, task, opts.max_length) for run_id in run_ids]
 
