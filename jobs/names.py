@@ -31,14 +31,18 @@ ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
 ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)
 PRETRAINING_SEED_TAG = "pretraining_seed"  # on pretraining runs of a study: the seed of init, corruption and data order
 GATE_TAG = "cocolm.gate"  # on a study's pretraining runs: "trained", or which criterion failed (jobs.studies.gate)
-CONTROL_VARIANT = "random_init"  # the study's control: the preset's encoder at initialisation, read out like a variant
 STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
 # jobs.studies.represent, logged on the pretraining run it measures:
 REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")
-# jobs.studies.probe, logged on the pretraining run it reads out: linear probes on the frozen encoder's [CLS] and
-# mean-pooled states, SNLI test accuracy
-PROBE_METRICS = ("probe/cls_test_accuracy", "probe/mean_test_accuracy")
 REPRESENT_ARTIFACT = "represent/cosines.csv"  # one row per sentence pair (kind, cosine)
+RANDOM_INIT_VARIANT = "random_init"  # jobs.studies.control: the preset's encoder at initialisation, never trained
+# jobs.studies.probe, logged on the pretraining run it measures: linear probes on the frozen encoder's
+# [CLS] and mean-pooled last layer, fitted on SNLI train, C chosen on dev, scored on the whole test split.
+PROBE_FEATURES = ("cls", "mean")
+PROBE_METRICS = ("probe/cls_test_accuracy", "probe/mean_test_accuracy")  # the reported numbers, in PROBE_FEATURES order
+PROBE_DEV_METRICS = ("probe/cls_dev_accuracy", "probe/mean_dev_accuracy")  # the chosen C's, selection only
+PROBE_SIZE_METRICS = ("probe/train_pairs", "probe/dev_pairs", "probe/test_pairs")
+PROBE_ARTIFACT = "probe/probe.json"  # per feature: chosen C, accuracy per C, test confusion matrix; sizes, seconds
 
 
 def best_split_metric(split: str, metric: str) -> str:
@@ -47,7 +51,9 @@ def best_split_metric(split: str, metric: str) -> str:
 
 
 def best_task_metric(task: str, stat: str) -> str:
-    """On a sweep parent: `stat` (median, min, max, ...) over seeds of the task's best grid point."""
+    """On a sweep parent: `stat` (median, min, max, ...) over seeds of the task's best grid point, the grid
+    point chosen by its dev median; the values are the reported split's (`reported_split_tag`): the test
+    split's where the task has one, else dev's. `dev_<stat>` beside it is always dev's."""
     return f"best/{task}/{stat}"
 
 
@@ -60,6 +66,23 @@ def seed_scores(metrics: dict[str, float], task: str) -> dict[int, float]:
     prefix = best_task_metric(task, SEED_STAT)
     return {int(key.removeprefix(prefix)): value for key, value in metrics.items()
             if key.startswith(prefix) and key.removeprefix(prefix).isdigit()}
+
+
+DEV_STAT = "dev_"  # best_task_metric(task, f"dev_{stat}") and f"dev_seed_{seed}": the dev split's value at the
+#                   best grid point, beside the reported one: what chose the point, never the number reported
+
+
+def dev_seed_scores(metrics: dict[str, float], task: str) -> dict[int, float]:
+    """On a sweep parent: {seed: dev score} at the task's best grid point (the selection split's values)."""
+    prefix = best_task_metric(task, DEV_STAT + SEED_STAT)
+    return {int(key.removeprefix(prefix)): value for key, value in metrics.items()
+            if key.startswith(prefix) and key.removeprefix(prefix).isdigit()}
+
+
+def reported_split_tag(task: str) -> str:
+    """On a sweep parent: which split the task's reported values (`best/<task>/<stat>`, `seed_<n>`) come
+    from: "test" where the task has a test split (SNLI, a user folder's test file), else "dev"."""
+    return f"reported.{task}"
 
 
 def fewshot_metric(task: str, method: str, stat: str) -> str:
@@ -103,6 +126,6 @@ COMPARABLE_METRICS = (
     "lm_accuracy_original", "mlm_accuracy", "scl_positive_cosine", "scl_negative_cosine",
     "cls_positive_cosine", "cls_negative_cosine",
     "aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss",
-    *REPRESENT_METRICS,
+    *REPRESENT_METRICS, *PROBE_METRICS,
 )
 NOT_COMPARABLE = ("loss",)  # shown last, and said to be a different sum per variant

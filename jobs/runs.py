@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 
 from jobs.cli import UserError
-from jobs.names import (KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
-                        SEED_STAT, STOP_TAG, best_task, best_task_metric, fewshot_metric, seed_scores, split_fraction)
+from jobs.names import (DEV_STAT, KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG,
+                        PRETRAINING_TAG, SEED_STAT, STOP_TAG, best_task, best_task_metric, dev_seed_scores,
+                        fewshot_metric, reported_split_tag, seed_scores, split_fraction)
 from jobs.studies.gate import GATE_PARAMS
 
 # The params that say how much a pretraining run trained: two runs are compared only when these agree.
@@ -78,9 +79,11 @@ def latest_per_seed(runs: pd.DataFrame) -> pd.DataFrame:
 
 def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per (pretraining run, task): the best grid point's median score of the newest finished sweep
-    parent of that pretraining run that has the task. Columns: pretraining_run, task, score (its min and max
-    over seeds), values (the best point's score per seed, in seed order), exact (a span task's EM median),
-    seeds, sweep_run, start_time, glue_avg."""
+    parent of that pretraining run that has the task. The point was chosen by its dev median; `split` says
+    which split the reported columns come from (test where the task has one, else dev). Columns:
+    pretraining_run, task, split, score (the reported median; its min and max over seeds), values (the
+    reported score per seed, in seed order), dev_score and dev_values (the dev split's, which chose the
+    point), exact (a span task's EM median), seeds, sweep_run, start_time, glue_avg."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_SWEEP}' and attributes.status = 'FINISHED'"):
         pretraining = run.data.tags.get(PRETRAINING_TAG, "")
@@ -88,16 +91,22 @@ def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
             task = best_task(key)
             if task:
                 metrics = run.data.metrics
-                rows.append({"pretraining_run": pretraining, "task": task, "score": value,
+                split = run.data.tags.get(reported_split_tag(task), "dev")  # older sweeps reported dev, untagged
+                values = tuple(v for _, v in sorted(seed_scores(metrics, task).items()))
+                dev_values = tuple(v for _, v in sorted(dev_seed_scores(metrics, task).items()))
+                rows.append({"pretraining_run": pretraining, "task": task, "split": split, "score": value,
                              "min": metrics.get(best_task_metric(task, "min"), np.nan),
                              "max": metrics.get(best_task_metric(task, "max"), np.nan),
-                             "values": tuple(v for _, v in sorted(seed_scores(metrics, task).items())),
+                             "values": values,
+                             "dev_score": metrics.get(best_task_metric(task, DEV_STAT + "median"),
+                                                      value if split == "dev" else np.nan),
+                             "dev_values": dev_values or (values if split == "dev" else ()),
                              "exact": metrics.get(best_task_metric(task, "exact_median"), np.nan),  # SQuAD's EM
                              "seeds": len([s for s in run.data.params.get("seeds", "").split(",") if s.strip()]) or np.nan,
                              "sweep_run": run.info.run_id, "start_time": run.info.start_time,
                              "glue_avg": metrics.get("glue_avg", np.nan)})
-    columns = ["pretraining_run", "task", "score", "min", "max", "values", "exact", "seeds", "sweep_run", "start_time",
-               "glue_avg"]
+    columns = ["pretraining_run", "task", "split", "score", "min", "max", "values", "dev_score", "dev_values", "exact",
+               "seeds", "sweep_run", "start_time", "glue_avg"]
     if not rows:
         return pd.DataFrame(columns=columns)
     df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")

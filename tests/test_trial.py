@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 
 from jobs.finetuning.encoders import resolve_encoder
 from jobs.finetuning.encoding import encode_task
@@ -35,3 +36,15 @@ def test_a_regression_trial_reports_spearman_and_pearson(tmp_path, exported):
     result = fine_tune(TrialConfig("scores", 1e-3, 16, 1, 0.1, 0), encode_task(task, exported, 32),
                        resolve_encoder(str(exported), None, tmp_path))
     assert set(result.best["dev"]) >= {"spearman", "pearson", "score"} and len(result.history) == 2
+
+
+def test_the_test_split_is_scored_once_with_the_weights_of_the_best_dev_evaluation(tmp_path, exported):
+    """Test holds the dev rows here, so scored with the best dev evaluation's weights it scores exactly the
+    best dev score; scored with the last weights it would score the last evaluation's, which is worse."""
+    encoded = encode_task(read_user_task(sentiment_file(tmp_path / "sentiment.jsonl")), exported, max_length=32)
+    encoded = dataclasses.replace(encoded, test=encoded.dev["dev"])
+    result = fine_tune(TrialConfig("sentiment", 3e-3, 16, 3, 0.1, seed=0), encoded,
+                       resolve_encoder(str(exported), None, tmp_path))
+    best = result.best["dev"]["score"]
+    assert result.history[-1]["dev.score"] < best  # the premise: the last evaluation is not the best
+    assert result.test["score"] == best and result.flat()["test.accuracy"] == best

@@ -118,7 +118,7 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         if column in ("complete", "seeds_expected", "missing_seeds"):
             continue
         values = df[column]
-        if column.startswith("score_") or column.endswith("_median"):
+        if column.startswith(("score_", "reported_")) or column.endswith("_median"):
             out[column] = [f"{100 * v:.2f}" if pd.notna(v) else "-" for v in values]
         elif column == "seeds_done":
             out["seeds"] = [f"{int(v)}/{int(e)}" if pd.notna(v) else "-" for v, e in zip(values, df["seeds_expected"])]

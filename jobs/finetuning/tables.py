@@ -1,5 +1,11 @@
 """A sweep's results as tables: one row per trial, statistics over seeds per grid point, the best point per
-task and the task table (with GLUE AVG), printed, and logged on the parent run as metrics and artifacts."""
+task and the task table (with GLUE AVG), printed, and logged on the parent run as metrics and artifacts.
+
+The dev split selects, the test split reports: a task's best grid point is the one with the highest dev
+median, and the numbers reported for it (`reported_<stat>` in the task table, `best/<task>/<stat>` and
+`seed_<n>` on the parent run) are its trials' test scores wherever the task has a test split (SNLI, a
+user folder's test file). Each trial scores test once, with the weights of its best dev evaluation.
+Tasks without one (GLUE, SQuAD 2.0: their test labels are not public) report dev, and say so (`split`)."""
 
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ from ray.tune import Result
 from jobs.finetuning.encoding import EncodedTask
 from jobs.finetuning.grid import data_key, trial_name
 from jobs.finetuning.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
-from jobs.names import SEED_STAT, best_point_tag, best_split_metric, best_task_metric, fraction_target
+from jobs.names import (DEV_STAT, SEED_STAT, best_point_tag, best_split_metric, best_task_metric, fraction_target,
+                        reported_split_tag)
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,13 @@ def tabulate(results: Sequence[Result], encoded: dict[str, EncodedTask], seeds: 
     metric_of = dict(zip(trials["task"], trials["metric"]))
     summary.insert(1, "metric", summary["task"].map(metric_of))
     best = best_points(summary)
-    table = task_table(best)
-    shown = ["task", "metric", "score_median", "score_mean", "score_std", "score_min", "score_max",
-             *(f"{c}_median" for c in extra), *GRID_COLUMNS, "seeds_done", "seeds_expected", "missing_seeds", "complete"]
-    markdown = "Task table (best grid point per task, statistics over seeds; scores x100)\n\n" + to_markdown(table[shown])
+    table = with_reported(task_table(best), trials)
+    shown = ["task", "metric", "split", "reported_median", "reported_min", "reported_max", "score_median",
+             "score_mean", "score_std", "score_min", "score_max", *(f"{c}_median" for c in extra), *GRID_COLUMNS,
+             "seeds_done", "seeds_expected", "missing_seeds", "complete"]
+    markdown = ("Task table (best grid point per task, chosen by the dev median `score_median`; reported: the "
+                "median, min and max over seeds at that point on the split named in `split`, test where the task "
+                "has one; scores x100)\n\n" + to_markdown(table[shown]))
     if len(summary) <= 40:
         markdown = ("Grid points (statistics over seeds; scores x100)\n\n" + to_markdown(summary) + "\n" + markdown)
     return SweepTables(trials, summary, best, table, markdown)
@@ -76,12 +86,37 @@ def point_key(row) -> str:
     return f"lr_{row['lr']:g}.bs_{int(row['batch_size'])}.ep_{int(row['epochs'])}.wu_{row['warmup']:g}"
 
 
-def best_point_seeds(trials: pd.DataFrame, best: pd.Series) -> dict[int, float]:
-    """{seed: score} of the trials at a task's best grid point (a complete point: every seed scored)."""
+def best_point_seeds(trials: pd.DataFrame, best: pd.Series, column: str = "score") -> dict[int, float]:
+    """{seed: value of `column`} of the trials at a task's best grid point (a complete point: every seed
+    scored); `score` is the dev score, `test_<metric>` the test split's."""
     at = trials[(trials["task"] == best["task"]) & (trials["status"] == "ok")]
-    for column in GRID_COLUMNS:
-        at = at[at[column] == best[column]]
-    return {int(seed): float(score) for seed, score in zip(at["seed"], at["score"]) if pd.notna(score)}
+    for grid_column in GRID_COLUMNS:
+        at = at[at[grid_column] == best[grid_column]]
+    return {int(seed): float(value) for seed, value in zip(at["seed"], at[column]) if pd.notna(value)}
+
+
+def reported_column(trials: pd.DataFrame, task: str) -> tuple[str, str]:
+    """(split, trial-table column) of the values reported for `task`: the test score where its trials scored
+    a test split, else the dev score that chose its grid point."""
+    rows = trials[trials["task"] == task]
+    column = f"test_{rows['metric'].iloc[0]}" if len(rows) else ""
+    return ("test", column) if column in rows and rows[column].notna().any() else ("dev", "score")
+
+
+def with_reported(table: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """The task table with `split` and `reported_<stat>`: the statistics over seeds, at each task's best
+    grid point, of the split that is reported (GLUE AVG averages dev scores: GLUE has no test labels)."""
+    rows = []
+    for _, row in table.iterrows():
+        if row["task"] == GLUE_AVG:
+            rows.append({"split": "dev", "reported_median": row["score_median"]})
+            continue
+        split, column = reported_column(trials, row["task"])
+        values = pd.Series(list(best_point_seeds(trials, row, column).values()) if pd.notna(row["score_median"])
+                           else [], dtype=float)
+        rows.append({"split": split, **{f"reported_{stat}": getattr(values, stat)() for stat in STATS}})
+    reported = pd.DataFrame(rows, columns=["split", *(f"reported_{stat}" for stat in STATS)])
+    return pd.concat([table.reset_index(drop=True), reported], axis=1)
 
 
 def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
@@ -96,13 +131,21 @@ def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
         if row["task"] == GLUE_AVG:
             metrics.append(Metric("glue_avg", float(row["score_median"]), now, 0))
         elif pd.notna(row["score_median"]):
-            metrics += [Metric(best_task_metric(row["task"], stat), float(row[f"score_{stat}"]), now, 0) for stat in STATS]
+            task, (_, column) = row["task"], reported_column(out.trials, row["task"])
+            # The reported split's statistics and per-seed values under the plain keys, dev's beside them.
+            metrics += [Metric(best_task_metric(task, stat), float(row[f"reported_{stat}"]), now, 0) for stat in STATS]
+            metrics += [Metric(best_task_metric(task, DEV_STAT + stat), float(row[f"score_{stat}"]), now, 0)
+                        for stat in STATS]
             # The best point's other metrics (SQuAD's EM beside its F1, MRPC's F1, SNLI's test accuracy).
-            metrics += [Metric(best_task_metric(row["task"], column), float(row[column]), now, 0)
-                        for column in out.table.columns
-                        if column.endswith("_median") and column != "score_median" and pd.notna(row[column])]
-            metrics += [Metric(best_task_metric(row["task"], f"{SEED_STAT}{seed}"), score, now, 0)
-                        for seed, score in best_point_seeds(out.trials, row).items()]
+            metrics += [Metric(best_task_metric(task, name), float(row[name]), now, 0)
+                        for name in out.table.columns
+                        if name.endswith("_median") and name not in ("score_median", "reported_median")
+                        and pd.notna(row[name])]
+            metrics += [Metric(best_task_metric(task, f"{SEED_STAT}{seed}"), value, now, 0)
+                        for seed, value in best_point_seeds(out.trials, row, column).items()]
+            metrics += [Metric(best_task_metric(task, f"{DEV_STAT}{SEED_STAT}{seed}"), value, now, 0)
+                        for seed, value in best_point_seeds(out.trials, row).items()]
+            client.set_tag(run_id, reported_split_tag(task), row["split"])
     metrics.append(Metric("trials_failed", float((out.trials.drop_duplicates("trial")["status"] == "failed").sum()), now, 0))
     metrics.append(Metric("points_incomplete", float((~out.summary["complete"]).sum()), now, 0))
     for start in range(0, len(metrics), 1000):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jobs.names import CONTROL_VARIANT, REPRESENT_METRICS
+from jobs.names import RANDOM_INIT_VARIANT, REPRESENT_METRICS
 
 TRAINED = "trained"
 CONTROL = "control"  # the random-init encoder: a reference, never gated
@@ -79,7 +79,7 @@ class GateResult:
 def gate(variant: str, status: str, stopped: str, metrics: Mapping[str, float],
          params: Mapping[str, str]) -> GateResult:
     """Whether a pretraining run trained, from its status, stop reason, metrics and params."""
-    if variant == CONTROL_VARIANT:
+    if variant == RANDOM_INIT_VARIANT:
         return GateResult(CONTROL)
     failed: list[tuple[str, str]] = []
     if status != FINISHED:
