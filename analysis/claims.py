@@ -47,7 +47,7 @@ import pandas as pd
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from jobs.names import CONTROL_VARIANT, PROBE_METRICS, REPRESENT_METRICS
+from jobs.names import PROBE_METRICS, RANDOM_INIT_VARIANT, REPRESENT_METRICS
 from jobs.runs import BUDGET_PARAMS, with_fractions
 from jobs.studies.gate import CRITERIA, gate
 
@@ -377,12 +377,12 @@ def control_claims(study: Study) -> list[Claim]:
     """Every variant against the randomly initialised encoder of the same shape, on every downstream readout."""
     claims = []
     for variant in dict.fromkeys(study.runs["variant"]):
-        if variant == CONTROL_VARIANT:
+        if variant == RANDOM_INIT_VARIANT:
             continue
         statement = f"{variant} beats the random-init encoder"
-        claims += finetuning_claims(study, "control", statement, variant, CONTROL_VARIANT)
-        claims += probe_claims(study, "control", statement, variant, CONTROL_VARIANT)
-    return [c for c in claims if not c.verdict.startswith(f"{NOT_MEASURED}: no {CONTROL_VARIANT}")]
+        claims += finetuning_claims(study, "control", statement, variant, RANDOM_INIT_VARIANT)
+        claims += probe_claims(study, "control", statement, variant, RANDOM_INIT_VARIANT)
+    return [c for c in claims if not c.verdict.startswith(f"{NOT_MEASURED}: no {RANDOM_INIT_VARIANT}")]
 
 
 def scl_gain_claim(study: Study, with_scl: str = "cocolm", without_scl: str = "clm_only") -> list[Claim]:
@@ -542,7 +542,7 @@ def gate_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (preset, variant), group in gated.groupby(["preset", "variant"], sort=False):
         reasons = pd.Series([f for fs in group["failed"] for f in fs]).value_counts()
-        control = variant == CONTROL_VARIANT
+        control = variant == RANDOM_INIT_VARIANT
         rows.append({"preset": preset, "variant": variant, "runs": len(group),
                      "trained": "control (not gated)" if control else int((group["gate"] == "trained").sum()),
                      "failed criteria": "; ".join(f"{r} ({n})" for r, n in reasons.items()) or "-"})

@@ -12,7 +12,7 @@ from scipy import stats
 from analysis.claims import (FAILS, FEW_RUNS, FIRM, HOLDS, INCONCLUSIVE, MIN_RUNS, NEGLIGIBLE, NO_VARIATION,
                              NOT_COMPARABLE, RECIPE_FAILED, Claim, Effect, claims_markdown, decide, independent, judge,
                              paired, summary_verdict)
-from jobs.names import CONTROL_VARIANT, PROBE_METRICS, REPRESENT_METRICS
+from jobs.names import PROBE_METRICS, RANDOM_INIT_VARIANT, REPRESENT_METRICS
 
 EMPTY_HISTORY = pd.DataFrame(columns=["run_id", "key", "step", "value"])
 TRAINED = {"aux_mlm_accuracy": 0.12, "copy_accuracy_replaced": 0.14, REPRESENT_METRICS[0]: 0.9}
@@ -225,14 +225,14 @@ def test_the_tiny_study_where_nothing_learned_gets_recipe_failed():
 
 
 def test_every_variant_is_compared_with_the_random_init_control():
-    study = runs(cocolm={}, roberta_mlm={"mlm_accuracy": 0.15}, **{CONTROL_VARIANT: {"copy_accuracy_replaced": 0.0}})
+    study = runs(cocolm={}, roberta_mlm={"mlm_accuracy": 0.15}, **{RANDOM_INIT_VARIANT: {"copy_accuracy_replaced": 0.0}})
     probe = {PROBE_METRICS[0]: 0.5, PROBE_METRICS[1]: 0.5}
-    for v, level in (("cocolm", 0.6), ("roberta_mlm", 0.5), (CONTROL_VARIANT, 0.5)):
+    for v, level in (("cocolm", 0.6), ("roberta_mlm", 0.5), (RANDOM_INIT_VARIANT, 0.5)):
         for i in range(MIN_RUNS):
             study.loc[study["run_id"] == f"run-{v}-{i}", [f"metrics.{k}" for k in probe]] = level + i / 100
     claims = judge(study, EMPTY_HISTORY, scores([("cocolm", "SNLI", spread(0.60)),
                                                  ("roberta_mlm", "SNLI", spread(0.40, step=0.002)),
-                                                 (CONTROL_VARIANT, "SNLI", spread(0.40, step=0.002))]))
+                                                 (RANDOM_INIT_VARIANT, "SNLI", spread(0.40, step=0.002))]))
     assert verdict(claims, "cocolm beats the random-init encoder: SNLI") == HOLDS
     assert verdict(claims, "roberta_mlm beats the random-init encoder: SNLI") == NEGLIGIBLE
     assert verdict(claims, "cocolm beats the random-init encoder (linear probe on [CLS], SNLI test)") == HOLDS

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.names import CONTROL_VARIANT, REPRESENT_METRICS
+from jobs.names import RANDOM_INIT_VARIANT, REPRESENT_METRICS
 from jobs.studies.gate import CONTROL, CRITERIA, PLATEAU_BOUND, TRAINED, gate
 
 COPY = {"objective.use_copy_loss": "True"}
@@ -40,7 +40,7 @@ def test_the_copy_criterion_applies_only_where_the_variant_trains_the_copy_loss(
 def test_unfinished_or_stopped_runs_do_not_count_and_the_control_is_never_gated():
     assert gate("cocolm", "FAILED", "", GOOD, COPY).failed == ("run failed",)
     assert gate("cocolm", "FINISHED", "non-finite loss at step 12", GOOD, COPY).failed == ("stopped",)
-    control = gate(CONTROL_VARIANT, "FINISHED", "", {REPRESENT_METRICS[0]: 1.0}, COPY)
+    control = gate(RANDOM_INIT_VARIANT, "FINISHED", "", {REPRESENT_METRICS[0]: 1.0}, COPY)
     assert control.verdict == CONTROL and control.counts
 
 
