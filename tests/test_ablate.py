@@ -1,10 +1,12 @@
-"""jobs.studies.ablate: two variants pretrained and swept into one experiment; a second invocation skips them."""
+"""jobs.studies.ablate: variants x pretraining seeds and their controls pretrained, read out and swept into one
+experiment; an interrupted study run again finishes without redoing what was done."""
 
 from __future__ import annotations
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from jobs.studies import probe
 from jobs.studies.ablate import finished_sweep, main
 
 
@@ -29,49 +31,84 @@ def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_seeds_and_la
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_two_variants_are_tracked_with_tags_and_a_rerun_skips_them(ray_local, tokenizer_dir, tmp_path, monkeypatch,
-                                                                   capsys):
+@pytest.mark.timeout(1500)
+def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_local, tokenizer_dir, tmp_path,
+                                                                           monkeypatch, capsys):
+    """Two variants, two pretraining seeds and the random-init control per seed; the first invocation is
+    stopped (as by Ctrl-C) while probing the second seed's first run, the second one finishes the study:
+    nothing that finished (pretraining, [CLS] cosines, probes, sweeps, controls) is done twice."""
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     grid = tmp_path / "one_point.yaml"
     grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
                     "tasks: {default: t}\n")
-    argv = ["--preset", "tiny", "--variants", "cocolm,rtd_only", "--tracking-uri", uri, "--tasks", "snli",
-            "--grid", str(grid), "--seeds", "1", "--max-train", "48", "--max-dev", "16", "--represent-pairs", "20",
+    argv = ["--preset", "tiny", "--variants", "cocolm,rtd_only", "--pretraining-seeds", "2", "--tracking-uri", uri,
+            "--tasks", "snli", "--grid", str(grid), "--seeds", "1", "--max-train", "48", "--max-dev", "16",
+            "--represent-pairs", "20", "--probe-pairs", "60",
             "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", "train.max_steps=10",
             "--set", "train.warmup_steps=2", "--set", "train.log_every=5"]
-    first = main(argv)
-    assert [(v.variant, v.pretraining_status, v.sweep_status, v.represent_status) for v in first.variants] == [
-        ("cocolm", "FINISHED", "FINISHED", "FINISHED"), ("rtd_only", "FINISHED", "FINISHED", "FINISHED")]
+    real_probe, probed = probe.analyse_run, []
 
+    def interrupted(client, run_id, task, *args, **kwargs):
+        if len(probed) == 3:  # seed 0's two variants and its control are probed; seed 1's first run is not
+            raise KeyboardInterrupt
+        probed.append(run_id)
+        return real_probe(client, run_id, task, *args, **kwargs)
+    monkeypatch.setattr(probe, "analyse_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    monkeypatch.setattr(probe, "analyse_run", real_probe)
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("ablation-tiny").experiment_id
     pretraining = client.search_runs([exp], filter_string="tags.kind = 'pretraining'")
-    assert sorted(r.data.tags["variant"] for r in pretraining) == ["cocolm", "rtd_only"]
-    assert all(r.info.status == "FINISHED" and r.data.tags["preset"] == "tiny" for r in pretraining)
-    for r in pretraining:  # jobs.studies.represent ran on each (paper Fig. 1), so the report can draw it
-        assert {"represent/random_cosine_mean", "represent/cosine_gap"} <= set(r.data.metrics)
-        assert "represent/fig1_cls_cosine.png" in {a.path for a in client.list_artifacts(r.info.run_id, "represent")}
+    assert sorted((r.data.tags["variant"], r.data.tags["pretraining_seed"]) for r in pretraining) == [
+        ("cocolm", "0"), ("cocolm", "1"), ("random_init", "0"), ("rtd_only", "0")]
+    first_runs = {r.info.run_id for r in pretraining}
+    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 3  # seed 0 and control
+
+    study = main(argv)
+    by_key = {(v.variant, v.seed): v for v in study.variants}
+    assert sorted(by_key) == [("cocolm", 0), ("cocolm", 1), ("random_init", 0), ("random_init", 1), ("rtd_only", 0),
+                              ("rtd_only", 1)]
+    for key in (("cocolm", 0), ("rtd_only", 0), ("random_init", 0)):  # seed 0: everything was done before
+        assert (by_key[key].sweep_status, by_key[key].represent_status) == ("ALREADY_FINISHED",) * 2
+        assert by_key[key].pretraining_status in ("ALREADY_FINISHED", "CONTROL")
+    assert by_key[("cocolm", 1)].pretraining_status == "ALREADY_FINISHED"
+    assert by_key[("cocolm", 1)].represent_status == "ALREADY_FINISHED"  # read out before the stop: kept
+    assert by_key[("cocolm", 1)].sweep_status == "FINISHED"
+    pretraining = client.search_runs([exp], filter_string="tags.kind = 'pretraining'")
+    assert len(pretraining) == 6 and first_runs <= {r.info.run_id for r in pretraining}
+    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 6  # one per run
+    for r in pretraining:  # each readout logged once: one value in every history
+        assert len(client.get_metric_history(r.info.run_id, "probe/cls_test_accuracy")) == 1
+        assert len(client.get_metric_history(r.info.run_id, "represent/random_cosine_mean")) == 1
+        gate = r.data.tags["cocolm.gate"]  # 10 steps train nothing: every variant's run fails the gate, and says why
+        assert gate == "control" if r.data.tags["variant"] == "random_init" else gate.startswith("failed: ")
         exported = {a.path for a in client.list_artifacts(r.info.run_id, "encoder")}
         # The CLM head travels with cocolm's encoder for prompt-based fine-tuning; rtd_only trains none.
         assert ("encoder/lm_head.safetensors" in exported) == (r.data.tags["variant"] == "cocolm")
     sweeps = client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")
-    by_variant = {r.data.tags["variant"]: r for r in sweeps}
-    assert set(by_variant) == {"cocolm", "rtd_only"}
-    for v in first.variants:
-        assert by_variant[v.variant].data.tags["cocolm.pretraining_run"] == v.pretraining_run
-    assert "best/SNLI/median" in by_variant["cocolm"].data.metrics
+    assert {r.data.tags["cocolm.pretraining_run"] for r in sweeps} == {r.info.run_id for r in pretraining}
+    assert all("best/SNLI/median" in r.data.metrics for r in sweeps)
     out = capsys.readouterr().out
-    comparable = out[out.index("pretraining metrics comparable across variants"):].splitlines()
+    comparable = out[out.rindex("pretraining metrics comparable across variants"):].splitlines()
     cocolm_line = next(line for line in comparable if line.strip().startswith("cocolm "))
     assert "lm_accuracy_replaced" in cocolm_line and cocolm_line.index("copy_accuracy") < cocolm_line.index("| loss")
-    assert "compare runs:" in out and "runs table:" in out  # direct links into the MLflow UI
+    assert "compare runs:" in out and "runs table:" in out and "gate: " in out  # links into the MLflow UI
 
-    second = main(argv)
-    assert [(v.pretraining_status, v.sweep_status, v.represent_status) for v in second.variants] == [
-        ("ALREADY_FINISHED",) * 3] * 2
-    assert [v.pretraining_run for v in second.variants] == [v.pretraining_run for v in first.variants]
-    assert [v.sweep_run for v in second.variants] == [v.sweep_run for v in first.variants]
-    assert len(client.search_runs([exp], filter_string="tags.kind = 'pretraining'")) == 2
-    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 2
+    again = main(argv)  # a finished study: nothing runs
+    assert {(v.sweep_status, v.represent_status) for v in again.variants} == {("ALREADY_FINISHED",) * 2}
+    assert len(client.search_runs([exp], filter_string="tags.kind = 'pretraining'")) == 6
+
+
+def test_pretraining_seeds_set_both_seeds_and_refuse_a_pinned_one():
+    from jobs.cli import UserError
+    from jobs.studies.ablate import AblationOptions, seed_configs
+
+    configs = seed_configs(AblationOptions(variants=("cocolm", "electra"), pretraining_seeds=3))
+    assert list(configs) == [(s, v) for s in range(3) for v in ("cocolm", "electra")]  # seeds outer
+    assert all(cfg.train.seed == s and cfg.data.seed == s for (s, _), cfg in configs.items())
+    one = seed_configs(AblationOptions(variants=("cocolm",), overrides=("train.seed=7",)))
+    assert list(one) == [(7, "cocolm")]
+    with pytest.raises(UserError, match="fixes the seed that --pretraining-seeds 2 varies"):
+        seed_configs(AblationOptions(variants=("cocolm",), pretraining_seeds=2, overrides=("data.seed=3",)))

@@ -3,13 +3,19 @@
     python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--pretraining-seeds 4]
         [--set key.sub=value ...] [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--label-fractions 0.01,0.1,0.2,1.0]
-        [--represent-pairs 500] [--tracking-uri URI] [--storage URI] [--experiment NAME]
+        [--represent-pairs 500] [--probe-pairs 10000] [--no-control] [--tracking-uri URI] [--storage URI]
+        [--experiment NAME]
 
 The pretraining run is the unit of replication: `--pretraining-seeds N` pretrains every variant N times,
 with seeds 0..N-1 for initialisation, corruption and data order together (`train.seed` and `data.seed`),
 each run tagged with its seed (`pretraining_seed`) and, once read out, with the gate's verdict
 (`cocolm.gate`: "trained", or which criterion failed; jobs/studies/gate.py). Seeds are the outer loop:
 an interrupted study has whole seeds done.
+
+Every run is read out the same way: the [CLS] cosines of `jobs.studies.represent`, linear probes on the
+frozen encoder (`jobs.studies.probe`, SNLI test accuracy), and with `--tasks` a fine-tuning sweep. After
+each seed's variants, the random-init control of that seed (`jobs.studies.control`: the preset's main
+encoder at initialisation, variant `random_init`) is read out alike, the floor every variant must beat.
 
 Variants are pretrained one after the other (`jobs.pretraining.job.run`): each pretraining run already takes
 the workers its preset asks for, so on a small machine two at once would only contend, and on a
@@ -23,7 +29,8 @@ MLflow UI's runs table and compare view line the variants up; `python -m analysi
 Re-running the same command skips what finished: a pretraining run with the same resolved config is
 reported ALREADY_FINISHED by `jobs.pretraining.job`, and a sweep is skipped when the experiment holds a
 finished sweep parent of that pretraining run with the same tasks, grid and seeds, and a run that
-holds the representation metrics is not analysed again. An unfinished pretraining run resumes
+holds the representation metrics (or the probes' metrics) is not analysed again; the random-init control of a
+seed is found again, never made twice. An unfinished pretraining run resumes
 from its last checkpoint.
 """
 
@@ -45,10 +52,10 @@ from jobs.finetuning.grid import load_grid
 from jobs.finetuning.sweep import SweepOptions
 from jobs.finetuning.sweep import run as run_sweep
 from jobs.names import (COMPARABLE_METRICS, GATE_TAG, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
-                        REPRESENT_METRICS, STOP_TAG)
+                        RANDOM_INIT_VARIANT, REPRESENT_METRICS, STOP_TAG)
 from jobs.pretraining.config import PretrainConfig, resolve
 from jobs.runs import SEED_PARAMS
-from jobs.studies import represent
+from jobs.studies import control, probe, represent
 from jobs.studies.gate import gate
 
 
@@ -84,6 +91,11 @@ class AblationOptions:
     label_fractions: tuple[float, ...] = _like_sweep("label_fractions")
     max_train: int | None = _like_sweep("max_train")
     max_dev: int | None = _like_sweep("max_dev")
+    probe_pairs: int = field(default=10_000, metadata=option(
+        "SNLI train pairs for the linear probes of each run (jobs.studies.probe; a tenth as many, at most 1,000, "
+        "choose C); 0 skips them", bounds=NON_NEGATIVE))
+    control: bool = field(default=True, metadata=option(
+        "read out a random-init control per pretraining seed (--no-control: none)"))
     represent_pairs: int = field(default=500, metadata=option(
         "random and similar pairs for the [CLS] cosine analysis of each run (jobs.studies.represent); 0 skips it", bounds=NON_NEGATIVE))
     tracking_uri: str | None = _like_sweep("tracking_uri")
@@ -101,7 +113,7 @@ class VariantResult:
     variant: str
     seed: int
     pretraining_run: str
-    pretraining_status: str  # FINISHED | ALREADY_FINISHED
+    pretraining_status: str  # FINISHED | ALREADY_FINISHED | CONTROL (the random-init control, never trained)
     sweep_run: str = ""  # "" when no tasks
     sweep_status: str = ""  # FINISHED | ALREADY_FINISHED | ""
     represent_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
@@ -137,23 +149,44 @@ def run(opts: AblationOptions) -> AblationResult:
     tracking.check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)
     experiment_id = tracking.experiment_id(client, opts.experiment_name, tracking_uri)  # the driver creates the store first
-    pairs = represent.draw_pairs(opts.represent_pairs) if opts.represent_pairs > 0 else None  # the same for every run
+    readouts = Readouts(represent.draw_pairs(opts.represent_pairs) if opts.represent_pairs > 0 else None,
+                        probe.probe_task(opts.probe_pairs, min(1000, max(1, opts.probe_pairs // 10)))
+                        if opts.probe_pairs > 0 else None)  # the same pairs for every run
     results = []
     for i, ((seed, variant), cfg) in enumerate(configs.items(), 1):
         print(f"\n=== ablation {opts.experiment_name}: run {i}/{len(configs)}: {variant}, pretraining seed {seed} ===",
               flush=True)
         done = pretrain.run(cfg, tracking_uri, opts.storage, experiment=opts.experiment_name)
         client.set_tag(done.run_id, PRETRAINING_SEED_TAG, str(seed))
-        represent_status = _represent(client, done.run_id, pairs)
-        verdict = _gate(client, done.run_id)
-        sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, done.run_id,
-                                                                         variant, seed)
-        results.append(VariantResult(variant, seed, done.run_id, done.status, sweep_run, sweep_status, represent_status,
-                                     verdict))
+        results.append(_read_out(opts, client, tracking_uri, readouts, variant, seed, done.run_id, done.status))
+        last_of_seed = i == len(configs) or next(iter(list(configs)[i:]))[0] != seed
+        if opts.control and last_of_seed:
+            print(f"\n=== ablation {opts.experiment_name}: random-init control, seed {seed} ===", flush=True)
+            control_run = control.random_init_run(client, opts.experiment_name, cfg, seed)
+            results.append(_read_out(opts, client, tracking_uri, readouts, RANDOM_INIT_VARIANT, seed, control_run,
+                                     "CONTROL"))
     print(_summary(opts, tracking_uri, results))
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
+
+
+@dataclass(frozen=True)
+class Readouts:
+    pairs: Any  # jobs.studies.represent's sentence pairs, or None (skipped)
+    probe_task: Any  # jobs.studies.probe's SNLI pairs, or None (skipped)
+
+
+def _read_out(opts: AblationOptions, client, tracking_uri: str, readouts: Readouts, variant: str, seed: int,
+              run_id: str, status: str) -> VariantResult:
+    """Every readout of one run, each skipped where it is already logged: [CLS] cosines, the gate (which
+    reads them), the probes, the sweep."""
+    represent_status = _represent(client, run_id, readouts.pairs)
+    verdict = _gate(client, run_id)
+    if readouts.probe_task is not None:
+        probe.analyse_run(client, run_id, readouts.probe_task)
+    sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, run_id, variant, seed)
+    return VariantResult(variant, seed, run_id, status, sweep_run, sweep_status, represent_status, verdict)
 
 
 def _gate(client, run_id: str) -> str:
