@@ -90,3 +90,23 @@ def test_the_mlflow_server_recipe_holds_no_password_publishes_only_mlflow_and_re
     assert "--app-name basic-auth" in command and "--allowed-hosts" in command
     ignored = subprocess.run(["git", "check-ignore", "-q", "platform/mlflow/.env"], cwd=ROOT)
     assert ignored.returncode == 0  # the file the README has you write the secrets into is never committed
+
+
+def test_the_cluster_launcher_copies_the_checkout_without_git_its_ignored_files_or_secrets():
+    """`ray up` rsyncs the checkout to the head: Ray turns rsync_exclude into `--exclude` and rsync_filter
+    into `--filter 'dir-merge,- .gitignore'`, so git's ignore rules (.venv, work/, mlflow.db, .env,
+    *.private.yaml) hold there too; .git and the secret patterns are named as well."""
+    raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    assert raw["file_mounts"]["/home/ubuntu/cocolm-ray"] == "."
+    assert raw["rsync_filter"] == [".gitignore"]
+    assert {"**/.git", "**/.git/**", ".env", "**/.env", "*.private.yaml", "mlflow.db"} <= set(raw["rsync_exclude"])
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert {".venv/", "/work/", "/mlflow.db", ".env", "*.private.yaml"} <= set(ignored)
+
+
+def test_the_runtime_env_names_no_shared_temporary_path():
+    """A fixed /tmp path (COCOLM_HOME: /tmp/cocolm-ray was one) can be created first by another user, who
+    then owns the job's checkpoints and MLflow store."""
+    env = yaml.safe_load((ROOT / "platform" / "runtime_env.yaml").read_text())
+    assert not any(str(v).startswith(("/tmp", "/var/tmp", "/dev/shm")) for v in env["env_vars"].values())
+    assert ".git" in env["excludes"]
