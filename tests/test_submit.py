@@ -61,7 +61,7 @@ def test_the_runtime_env_reaches_ray_as_an_owner_only_file_never_on_its_command_
     # The upload: the project's root, without .git and without what .gitignore excludes.
     assert seen["cwd"] == str(ROOT) and seen["argv"][seen["argv"].index("--working-dir") + 1] == "."
     excludes = seen["env"]["excludes"]
-    assert {".git", ".venv/", "/work/", "/mlflow.db", ".env", "*.private.yaml", "data/big/"} <= set(excludes)
+    assert {".git", ".venv/", "/mlflow.db", ".env", "*.private.yaml", "data/big/"} <= set(excludes)
 
 
 def test_ray_gets_exactly_the_gitignored_paths_to_leave_out():
