@@ -18,6 +18,9 @@ import ray.data
 from jobs.env import set_hermetic_env
 
 
+OWN_DASHBOARD: dict[str, str] = {}  # the URL start_own_ray gave RAY_API_SERVER_ADDRESS, taken back on the next start
+
+
 def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
     """Join the cluster that RAY_ADDRESS names (`ray job submit` sets it; so may the user), else start a
     Ray of this job's own; no-op if up.
@@ -27,6 +30,8 @@ def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
     (`start_own_ray`)."""
     set_hermetic_env()
     if not ray.is_initialized():
+        if OWN_DASHBOARD and os.environ.get("RAY_API_SERVER_ADDRESS") == OWN_DASHBOARD["url"]:
+            del os.environ["RAY_API_SERVER_ADDRESS"]  # the dashboard of a Ray this process started and ended
         if os.environ.get("RAY_ADDRESS"):
             ray.init()  # resources belong to the cluster: passing num_cpus here is an error
         else:
@@ -62,7 +67,6 @@ def start_own_ray(num_cpus: float | None, dashboard: bool) -> None:
     # Ray's sessions, sockets and logs: mkdtemp's folder is 0700, with a name no other user can take first,
     # in $RAY_TMPDIR (else $TMPDIR, /tmp) like Ray's own /tmp/ray; it stays after the job, for its logs.
     temp_root = tempfile.mkdtemp(prefix="cocolm-ray-", dir=os.environ.get("RAY_TMPDIR"))
-    os.environ.pop("RAY_API_SERVER_ADDRESS", None)  # a previous start's dashboard, in this process
     try:
         own_token_file()
         started = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
@@ -71,7 +75,8 @@ def start_own_ray(num_cpus: float | None, dashboard: bool) -> None:
     finally:
         private_token_file()  # also when the start fails
     if dashboard:  # the driver's state API (Ray Data's hang detector): this job's dashboard
-        os.environ["RAY_API_SERVER_ADDRESS"] = f"http://{started.dashboard_url}"
+        OWN_DASHBOARD["url"] = os.environ["RAY_API_SERVER_ADDRESS"] = f"http://{started.dashboard_url}"
+
 
 
 def worker_setup_hook() -> Callable[[], None]:
