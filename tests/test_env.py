@@ -6,10 +6,12 @@ import os
 import re
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -205,17 +207,25 @@ def test_the_token_is_made_owner_only_even_when_rays_start_fails(tmp_path):
 def _stop_processes_under(folder: str) -> None:
     """End the Ray processes this test started (those whose command line names its folder), by their ids:
     `ray stop` would end every Ray on the machine."""
-    import psutil
+    def mine() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and folder.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # ended meanwhile, or another user's
+                continue
+        return pids
 
-    mine = []
-    for process in psutil.process_iter(["cmdline"]):
-        if any(folder in part for part in process.info["cmdline"] or []):
-            mine.append(process)
-    for process in mine:
-        process.terminate()
-    _, alive = psutil.wait_procs(mine, timeout=30)
-    for process in alive:
-        process.kill()
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        for pid in mine():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while mine() and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 @pytest.mark.timeout(300)
