@@ -120,11 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                         "--runtime-env FILE: a runtime env on the command line would show its secrets in `ps`")
     root = project_root(Path.cwd())
     commit = git_commit(root)
+    env = runtime_env(opts.runtime_env, commit, ignored(root))
     if commit == "unknown":
         print("warning: not a git checkout here, so the job's runs record git_commit=unknown", file=sys.stderr)
     else:
         print(f"code: {commit}", flush=True)
-    env = runtime_env(opts.runtime_env, commit, ignored(root))
     return submit(opts.address, env, ray_flags, command, root)
 
 
