@@ -228,6 +228,7 @@ def _stop_processes_under(folder: str) -> None:
             time.sleep(0.5)
 
 
+@pytest.mark.slow  # about a minute: two Rays start
 @pytest.mark.timeout(300)
 def test_a_job_started_directly_never_joins_the_ray_that_ray_start_left_running(tmp_path):
     """With `ray start --head` running (recorded in Ray's ray_current_cluster), a job's session starts a Ray
