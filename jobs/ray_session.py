@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import stat
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -15,32 +18,77 @@ import ray.data
 from jobs.env import set_hermetic_env
 
 
-def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
-    """Join the cluster in RAY_ADDRESS (set by `ray job submit`), else start a local one; no-op if up.
+OWN_DASHBOARD: dict[str, str] = {}  # the URL start_own_ray gave RAY_API_SERVER_ADDRESS, taken back on the next start
 
-    A local Ray has Ray's token authentication (on by default since Ray 2.59 for clusters that
-    `ray.init` starts): Ray generates its token once, in Ray's default place, and this keeps that
-    file readable by its owner only (Ray writes it with the umask, usually world-readable)."""
+
+def init_ray(num_cpus: float | None = None, dashboard: bool = False) -> None:
+    """Join the cluster that RAY_ADDRESS names (`ray job submit` sets it; so may the user), else start a
+    Ray of this job's own; no-op if up.
+
+    Joining is explicit: without RAY_ADDRESS a job never joins a cluster it finds on the machine (Ray's
+    `ray.init()` joins whatever `ray start` last recorded, maybe another user's), it starts its own
+    (`start_own_ray`)."""
     set_hermetic_env()
     if not ray.is_initialized():
+        if OWN_DASHBOARD and os.environ.get("RAY_API_SERVER_ADDRESS") == OWN_DASHBOARD["url"]:
+            del os.environ["RAY_API_SERVER_ADDRESS"]  # the dashboard of a Ray this process started and ended
         if os.environ.get("RAY_ADDRESS"):
             ray.init()  # resources belong to the cluster: passing num_cpus here is an error
         else:
-            if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
-                logging.getLogger(__name__).warning(
-                    "RAY_AUTH_MODE=disabled: anyone who can reach this machine's Ray ports can run code as you "
-                    "(docs/design.md section 8); unset it to keep Ray's token authentication")
-            # Ray's notice that it turned token authentication on ends "Set RAY_AUTH_MODE=disabled to opt
-            # out": advice this platform never gives (docs/design.md section 8). Its warning for a
-            # cluster started without authentication stays.
-            logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(no_opt_out_advice)
-            if not sys.stdout.isatty():  # its "Started a local Ray instance" line colours the dashboard's URL
-                logging.getLogger("ray._private.worker").addFilter(no_ansi)
-            ray.init(num_cpus=num_cpus, include_dashboard=dashboard)
-            private_token_file()
+            start_own_ray(num_cpus, dashboard)
     quiet_ray_data(sys.stdout.isatty())
     if not sys.stdout.isatty():  # worker lines reach a log file or a pipe: no ANSI colour codes in them
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def start_own_ray(num_cpus: float | None, dashboard: bool) -> None:
+    """A new local Ray for this job alone (docs/design.md section 8):
+
+    - `address="local"`: a new cluster, never one `ray start` recorded;
+    - Ray's token authentication (on by default since Ray 2.59 for clusters `ray.init` starts), its token
+      file made owner-only before Ray reads it (`own_token_file`);
+    - its dashboard (and job API) listens on 127.0.0.1; Ray 2.60 opens its RPC ports on every interface
+      whatever `ray.init` is told, and checks the token on them;
+    - a private temporary root (a fresh 0700 folder) for its sessions, sockets and logs;
+    - its workers, and the driver's state API, told which cluster is theirs: Ray's state API (Ray Train's
+      placement-group cleaner, Ray Data's hang detector) otherwise looks for "the" local Ray by listing
+      every GCS process on the machine, and with a second Ray running (another job's) fails with
+      `ConnectionError: Found multiple active Ray instances`."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        logging.getLogger(__name__).warning(
+            "RAY_AUTH_MODE=disabled: anyone who can reach this machine's Ray ports can run code as you "
+            "(docs/design.md section 8); unset it to keep Ray's token authentication")
+    # Ray's notice that it turned token authentication on ends "Set RAY_AUTH_MODE=disabled to opt
+    # out": advice this platform never gives (docs/design.md section 8). Its warning for a
+    # cluster started without authentication stays.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(no_opt_out_advice)
+    if not sys.stdout.isatty():  # its "Started a local Ray instance" line colours the dashboard's URL
+        logging.getLogger("ray._private.worker").addFilter(no_ansi)
+    # Ray's sessions, sockets and logs: mkdtemp's folder is 0700, with a name no other user can take first,
+    # in $RAY_TMPDIR (else $TMPDIR, /tmp) like Ray's own /tmp/ray; it stays after the job, for its logs.
+    temp_root = tempfile.mkdtemp(prefix="cocolm-ray-", dir=os.environ.get("RAY_TMPDIR"))
+    try:
+        own_token_file()
+        started = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                           _temp_dir=os.path.join(temp_root, "ray"),
+                           runtime_env={"worker_process_setup_hook": worker_setup_hook()})
+    finally:
+        private_token_file()  # also when the start fails
+    if dashboard:  # the driver's state API (Ray Data's hang detector): this job's dashboard
+        OWN_DASHBOARD["url"] = os.environ["RAY_API_SERVER_ADDRESS"] = f"http://{started.dashboard_url}"
+
+
+
+def worker_setup_hook() -> Callable[[], None]:
+    """The function every worker of a job's own Ray runs when it starts (`worker_process_setup_hook`):
+    RAY_ADDRESS names the cluster the worker belongs to, so Ray's state API in it asks that cluster, not
+    whichever Ray process it finds on the machine (`start_own_ray`). Made here, not at module level, so Ray
+    sends it by value: a worker need not import this module (an installed copy may be another version)."""
+
+    def know_own_cluster() -> None:
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+    return know_own_cluster
 
 
 def no_opt_out_advice(record: logging.LogRecord) -> bool:
@@ -66,6 +114,24 @@ def token_file() -> Path | None:
     if os.environ.get("RAY_AUTH_TOKEN"):
         return None
     return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def own_token_file() -> None:
+    """Make the token file, owner-only from the moment it exists, when it is missing (Ray would make it with
+    the umask's mode, usually world-readable, in a folder it makes world-readable): in a folder created
+    owner-only, written under umask 077 with O_EXCL and mode 0600, Ray's format (64 hex digits)."""
+    path = token_file()
+    if path is None or path.exists() or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return
+    saved = os.umask(0o077)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+    except FileExistsError:  # another job made it between the check and here: theirs is the token
+        pass
+    finally:
+        os.umask(saved)
 
 
 def private_token_file() -> None:

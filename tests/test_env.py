@@ -3,12 +3,15 @@
 import json
 import logging
 import os
+import re
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 import ray.data
 
 from jobs.env import HERMETIC_ENV, set_hermetic_env
-from jobs.ray_session import private_token_file, quiet_ray_data
+from jobs.ray_session import own_token_file, private_token_file, quiet_ray_data
 
 
 def test_ray_data_shows_progress_bars_on_a_terminal_only():
@@ -162,3 +165,146 @@ def test_without_a_terminal_no_progress_bar_lines_and_no_colour_codes_in_rays_ow
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False", "False"]  # transformers' "Writing model shards", MLflow's downloads
     assert "View the dashboard at http://127.0.0.1:8265" in result.stderr and "\x1b[" not in result.stderr
+
+
+# ----------------------------------------------------------------------------- a job's own Ray: never a stranger's
+
+def test_a_missing_token_file_is_made_owner_only_in_an_owner_only_folder(tmp_path, monkeypatch):
+    token = tmp_path / "home" / ".ray" / "auth_token"
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    saved = os.umask(0o022)  # the usual umask: what Ray would have written the token with
+    try:
+        own_token_file()
+    finally:
+        os.umask(saved)
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and stat.S_IMODE(token.parent.stat().st_mode) == 0o700
+    assert re.fullmatch(r"[0-9a-f]{64}", token.read_text())  # Ray's format
+    before = token.read_text()
+    own_token_file()  # an existing token is Ray's (or the user's): kept
+    assert token.read_text() == before
+
+
+def _own_process(code: str, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, **kwargs)
+
+
+def test_the_token_is_made_owner_only_even_when_rays_start_fails(tmp_path):
+    token = tmp_path / "auth_token"
+    token.write_text("0" * 64)
+    token.chmod(0o644)
+    code = ("import ray\nfrom jobs.ray_session import start_own_ray\n"
+            "try:\n    start_own_ray(num_cpus=-1, dashboard=False)\nexcept Exception as e:\n    print('failed:', e)\n")
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_AUTH_TOKEN_PATH": str(token)}
+    env.pop("RAY_AUTH_TOKEN", None)
+    out, _ = _own_process(code, env).communicate(timeout=120)
+    assert "failed:" in out, out[-2000:]
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+
+
+def _stop_processes_under(folder: str) -> None:
+    """End the Ray processes this test started (those whose command line names its folder), by their ids:
+    `ray stop` would end every Ray on the machine."""
+    def mine() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and folder.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # ended meanwhile, or another user's
+                continue
+        return pids
+
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        for pid in mine():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while mine() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+@pytest.mark.slow  # about a minute: two Rays start
+@pytest.mark.timeout(300)
+def test_a_job_started_directly_never_joins_the_ray_that_ray_start_left_running(tmp_path):
+    """With `ray start --head` running (recorded in Ray's ray_current_cluster), a job's session starts a Ray
+    of its own: Ray 2.60's `ray.init()` with no address joined the recorded one ("Connecting to existing Ray
+    cluster"), maybe another user's."""
+    folder = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {**os.environ, "RAY_TMPDIR": folder, "RAY_AUTH_MODE": "token"}  # as the README's shell
+    env.pop("RAY_ADDRESS", None)
+    try:
+        subprocess.run([Path(sys.executable).parent / "ray", "start", "--head", "--port=0", "--num-cpus=1",
+                        "--include-dashboard=false", "--disable-usage-stats"], env=env, check=True, capture_output=True,
+                       timeout=180)
+        theirs = (Path(folder) / "ray" / "ray_current_cluster").read_text().strip()
+        code = ("import ray\nfrom jobs.ray_session import init_ray\ninit_ray(num_cpus=1)\n"
+                "print('gcs', ray.get_runtime_context().gcs_address)\nray.shutdown()\n")
+        env.pop("RAY_AUTH_MODE")  # a job run directly, from a user's usual shell
+        out, _ = _own_process(code, env).communicate(timeout=240)
+        ours = next((line.split()[1] for line in out.splitlines() if line.startswith("gcs ")), None)
+        assert ours and ours != theirs, out[-3000:]
+        assert "Connecting to existing Ray cluster" not in out
+    finally:
+        _stop_processes_under(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# Each process starts its job's Ray, waits until the test says both are up, then asks Ray's state API about
+# an actor from a worker (what Ray Train's placement-group cleaner does every few seconds) and from the
+# driver (Ray Data's hang detector).
+TWO_JOBS = """
+import sys, ray
+from ray.util.state import get_actor
+from jobs.ray_session import init_ray
+init_ray(num_cpus=1, dashboard=True)
+print('up', flush=True)
+sys.stdin.readline()
+
+@ray.remote(num_cpus=0)
+class Held:
+    def ping(self):
+        return 1
+
+@ray.remote(num_cpus=0)
+def alive(actor_id):
+    return get_actor(actor_id, timeout=60).state
+
+held = Held.remote()
+ray.get(held.ping.remote())
+actor_id = held._actor_id.hex()
+print('worker', ray.get(alive.remote(actor_id)), 'driver', get_actor(actor_id, timeout=60).state, flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.timeout(600)
+def test_two_jobs_started_at_once_each_keep_to_their_own_ray(tmp_path):
+    env = {**os.environ}
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_API_SERVER_ADDRESS"):
+        env.pop(name, None)
+    jobs = [_own_process(TWO_JOBS, env, stdin=subprocess.PIPE) for _ in range(2)]
+    logs = ["", ""]
+    try:
+        for i, job in enumerate(jobs):  # both Rays up before either asks
+            for line in job.stdout:
+                logs[i] += line
+                if line.strip() == "up":
+                    break
+            assert "up" in logs[i].split(), logs[i][-3000:]
+        for job in jobs:
+            job.stdin.write("go\n")
+            job.stdin.flush()
+        for i, job in enumerate(jobs):
+            logs[i] += job.communicate(timeout=300)[0]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+    for log in logs:
+        assert "worker ALIVE driver ALIVE" in log, log[-3000:]
+        assert "Found multiple active Ray instances" not in log and "Traceback" not in log, log[-3000:]

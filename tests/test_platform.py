@@ -1,5 +1,6 @@
 """The declarative side parses and matches what Ray, KubeRay and the jobs expect."""
 
+import configparser
 import re
 import subprocess
 from pathlib import Path
@@ -35,11 +36,45 @@ def test_rayjob_runs_the_pretraining_entry_point_with_a_known_preset():
     assert job["spec"]["rayClusterSpec"]["rayVersion"] == "2.60.0"
 
 
+MLFLOW = ROOT / "platform" / "mlflow"
+
+
 def test_mlflow_server_recipe_uses_a_database_and_object_store():
-    compose = yaml.safe_load((ROOT / "platform" / "mlflow" / "docker-compose.yaml").read_text())
-    command = compose["services"]["mlflow"]["command"]
-    assert "--backend-store-uri postgresql://" in command and "--artifacts-destination s3://" in command
-    assert "--serve-artifacts" in command
+    start = (MLFLOW / "start.sh").read_text()
+    assert "--backend-store-uri postgresql://" in start and "--artifacts-destination s3://" in start
+    assert "--serve-artifacts" in start and "--app-name basic-auth" in start
+
+
+def test_mlflow_recipe_pins_every_image_by_digest_and_installs_nothing_at_start():
+    """Each image is `name:tag@${X_DIGEST:?...}`: compose refuses to start while a digest is unset (the
+    recipe cannot pull images to learn them); the server is one image built from the pinned MLflow release
+    with pinned packages, so no container runs pip (it pulled unpinned packages as root at every start)."""
+    text = (MLFLOW / "docker-compose.yaml").read_text()
+    compose = yaml.safe_load(text)
+    refs = [s["image"] for s in compose["services"].values() if "build" not in s]
+    refs += [arg for s in compose["services"].values() if "build" in s for arg in s["build"]["args"].values()]
+    assert len(refs) == 3
+    for ref in refs:
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+@\$\{[A-Z]+_DIGEST:\?pin the image: set [A-Z]+_DIGEST=sha256:[^}]+\}", ref), ref
+        assert ":latest" not in ref
+    assert "pip install" not in text and "latest" not in text
+    assert all("command" not in s or "pip" not in str(s["command"]) for s in compose["services"].values())
+    (built,) = [s for s in compose["services"].values() if "build" in s]
+    dockerfile = (MLFLOW / "Dockerfile").read_text()
+    assert "FROM ${MLFLOW_BASE}" in dockerfile and "USER mlflow" in dockerfile
+    (install,) = [line for line in dockerfile.splitlines() if "pip install" in line]
+    packages = install.split("pip install --no-cache-dir")[1].split("\\")[0].split()
+    assert packages and all(re.fullmatch(r"[\w-]+==[\d.]+", p) for p in packages), packages
+    assert "pip " not in (MLFLOW / "start.sh").read_text()
+
+
+def test_mlflow_accounts_read_by_default_and_write_where_granted():
+    """default_permission = EDIT let every account replace the files of another's exported encoder."""
+    config = configparser.ConfigParser()
+    config.read(MLFLOW / "basic_auth.ini")  # as mlflow.server.auth.config.read_auth_config reads it
+    assert config["mlflow"]["default_permission"] == "READ" and config["mlflow"]["admin_username"] == "admin"
+    assert config["mlflow"]["database_uri"].startswith("sqlite:////mlflow-auth/")  # the compose file's volume
+    assert "grant_user_permission(" in (MLFLOW / "README.md").read_text()
 
 
 # ----------------------------------------------------------------------------- secure as shipped (docs/design.md 8)
@@ -86,7 +121,27 @@ def test_the_mlflow_server_recipe_holds_no_password_publishes_only_mlflow_and_re
             assert "ports" not in service, name  # PostgreSQL and MinIO only on the compose network
     assert not re.search(r"://[^/\s:@]+:[^@\s]+@", text)  # no user:password@ in a URI
     assert services["mlflow"]["ports"] == ["${MLFLOW_PUBLISH:-127.0.0.1:5000}:5000"]
-    command = services["mlflow"]["command"]
+    command = (ROOT / "platform" / "mlflow" / "start.sh").read_text()  # the built image's start
     assert "--app-name basic-auth" in command and "--allowed-hosts" in command
     ignored = subprocess.run(["git", "check-ignore", "-q", "platform/mlflow/.env"], cwd=ROOT)
     assert ignored.returncode == 0  # the file the README has you write the secrets into is never committed
+
+
+def test_the_cluster_launcher_copies_the_checkout_without_git_its_ignored_files_or_secrets():
+    """`ray up` rsyncs the checkout to the head: Ray turns rsync_exclude into `--exclude` and rsync_filter
+    into `--filter 'dir-merge,- .gitignore'`, so git's ignore rules (.venv, work/, mlflow.db, .env,
+    *.private.yaml) hold there too; .git and the secret patterns are named as well."""
+    raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    assert raw["file_mounts"]["/home/ubuntu/cocolm-ray"] == "."
+    assert raw["rsync_filter"] == [".gitignore"]
+    assert {"**/.git", "**/.git/**", ".env", "**/.env", "*.private.yaml", "mlflow.db"} <= set(raw["rsync_exclude"])
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert {".venv/", "/mlflow.db", ".env", "*.private.yaml"} <= set(ignored)
+
+
+def test_the_runtime_env_names_no_shared_temporary_path():
+    """A fixed /tmp path (COCOLM_HOME: /tmp/cocolm-ray was one) can be created first by another user, who
+    then owns the job's checkpoints and MLflow store."""
+    env = yaml.safe_load((ROOT / "platform" / "runtime_env.yaml").read_text())
+    assert not any(str(v).startswith(("/tmp", "/var/tmp", "/dev/shm")) for v in env["env_vars"].values())
+    assert ".git" in env["excludes"]
