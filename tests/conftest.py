@@ -95,7 +95,9 @@ def ray_local():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
+        # address="local": the suite's own Ray, never one a `ray start` on this machine recorded (another
+        # user's, or a test's own; docs/design.md section 8)
+        ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()
