@@ -109,9 +109,17 @@ def test_a_runtime_env_of_nested_aliases_is_one_quick_error_line(tmp_path):
     start = time.monotonic()
     result, seen = _submit(tmp_path, "--runtime-env", str(bomb), "--", "true", timeout=60)
     assert time.monotonic() - start < 30 and result.returncode == 1 and not seen
-    assert result.stderr.splitlines()[0] == f"error: {bomb}: a runtime env is a mapping (env_vars:, excludes:, ...), not a list"
+    # YAML is read without aliases (jobs.cli.load_yaml): one line naming the file and the alias's line
+    assert result.stderr.splitlines()[0].startswith(f"error: {bomb}, line 2: not valid YAML (an alias")
     # The same aliases as a value of env_vars
     bomb.write_text(_bomb().replace("- &", "  - &").replace("  - &a0", "x:\n  - &a0") + "env_vars: {P: *a8}\n")
     result, seen = _submit(tmp_path, "--runtime-env", str(bomb), "--", "true", timeout=60)
     assert result.returncode == 1 and not seen
+    assert result.stderr.splitlines()[0].startswith(f"error: {bomb}, line ") and "an alias" in result.stderr
+    # Without aliases, a value of the wrong type is named by its type, never formatted whole
+    bomb.write_text("- a\n- b\n")
+    result, seen = _submit(tmp_path, "--runtime-env", str(bomb), "--", "true", timeout=60)
+    assert result.stderr.splitlines()[0] == f"error: {bomb}: a runtime env is a mapping (env_vars:, excludes:, ...), not a list"
+    bomb.write_text("env_vars: {P: [1, 2]}\n")
+    result, seen = _submit(tmp_path, "--runtime-env", str(bomb), "--", "true", timeout=60)
     assert result.stderr.splitlines()[0] == f"error: {bomb}: env_vars.P must be a string (quote it), not a list"
