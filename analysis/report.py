@@ -259,10 +259,12 @@ def build(client, experiment: str | None, out: Path) -> Report:
     table = finetuning_table(runs, scores[with_fractions(scores)["fraction"] >= 1])
     ablation = ablation_table(table)
     files = []
+    reported = reported_splits(scores)
     for name, df, diffs in (("finetuning_table", table, False), ("ablation_table", ablation, True)):
         df.to_csv(out / f"{name}.csv", index=False)  # missing values are empty cells
-        title = ("Fine-tuning (Table 1 style): best grid point, median over seeds, x100" if not diffs else
-                 f"Ablation (Table 3 style): x100, (difference to {BASELINE} of the same preset)")
+        title = (f"Fine-tuning (Table 1 style): the grid point with the best dev median, median over seeds of "
+                 f"{reported}, x100" if not diffs else
+                 f"Ablation (Table 3 style): x100 ({reported}), (difference to {BASELINE} of the same preset)")
         (out / f"{name}.md").write_text(f"{title}\n\n" + score_markdown(df, with_diffs=diffs))
         files += [out / f"{name}.csv", out / f"{name}.md"]
     labels = {row["run_id"]: _label(row) for _, row in runs.iterrows()}
@@ -283,6 +285,14 @@ def build(client, experiment: str | None, out: Path) -> Report:
     files.append(out / "claims.md")
     files += runs_table(runs, table, out)
     return Report(out, table, ablation, files, claims=claims)
+
+
+def reported_splits(scores: pd.DataFrame) -> str:
+    """Which split each task's numbers come from (dev chose the grid point; test reports where it exists)."""
+    if scores.empty or "split" not in scores:
+        return "the dev split"
+    by_task = scores.groupby("task")["split"].agg(lambda s: "/".join(sorted(set(s))))
+    return "the reported split: " + ", ".join(f"{task} {split}" for task, split in by_task.items())
 
 
 def _label_fractions(runs: pd.DataFrame, scores: pd.DataFrame, out: Path, styles: dict[str, dict]) -> list[Path]:

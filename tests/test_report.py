@@ -59,6 +59,8 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     markdown = (tmp_path / "out" / "ablation_table.md").read_text()
     rtd_line = next(line for line in markdown.splitlines() if "| rtd_only |" in line)
     assert "75.00 (-5.00)" in rtd_line and "| - (-) |" in rtd_line and "0.00" not in rtd_line
+    title = (tmp_path / "out" / "finetuning_table.md").read_text().splitlines()[0]
+    assert "best dev median" in title and "the reported split: RTE dev, SNLI dev" in title  # old sweeps: dev
     csv = pd.read_csv(tmp_path / "out" / "finetuning_table.csv").set_index("variant")
     assert np.isnan(csv.loc["rtd_only", "RTE"])  # an empty cell, not 0
     for name in ("fig8_copy_lm_accuracy.png", "fig7_scl_cosine.png"):
