@@ -139,6 +139,11 @@ def redact(uri: str) -> str:
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """'a, b,,c' -> ('a', 'b', 'c'): an option's comma-separated values, blanks dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def check_name(what: str, value: str) -> str:
     """A name that becomes a folder, a file name or a tracking-store filter (a run name, a preset, a
     variant, an experiment): letters, digits and . _ + - only, not starting with . or another sign, at

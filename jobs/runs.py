@@ -77,6 +77,17 @@ def latest_per_seed(runs: pd.DataFrame) -> pd.DataFrame:
         .sort_values("start_time", kind="stable").reset_index(drop=True)
 
 
+def finished_run_ids(client, experiment: str | None, tracking_uri: str, newest_per_seed: bool = True) -> list[str]:
+    """The finished pretraining runs of an experiment (per preset, variant and seed the newest, unless
+    `newest_per_seed` is off): what a readout's `--from-experiment` reads; none is an error."""
+    runs = pretraining_runs(client, experiment_ids(client, experiment))
+    runs = latest_per_seed(runs) if newest_per_seed else runs
+    run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"]) if len(runs) else []
+    if not run_ids:
+        raise UserError(f"no finished pretraining run in experiment {experiment!r} of {tracking_uri}")
+    return run_ids
+
+
 def sweep_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per (pretraining run, task): the best grid point's median score of the newest finished sweep
     parent of that pretraining run that has the task. The point was chosen by its dev median; `split` says

@@ -46,7 +46,7 @@ from jobs import tracking
 
 from jobs.pretraining import job as pretrain
 
-from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, comma_list, option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.grid import load_grid
 from jobs.finetuning.sweep import SweepOptions
@@ -60,7 +60,7 @@ from jobs.studies.gate import gate
 
 
 def _variant_list(text: str) -> tuple[str, ...]:
-    variants = tuple(v.strip() for v in text.split(",") if v.strip())
+    variants = comma_list(text)
     if not variants:
         raise argparse.ArgumentTypeError(f"{text!r} names no variant")
     return variants

@@ -46,14 +46,14 @@ from model import Encoder
 from model.classifier import load_encoder
 
 from jobs import tracking
-from jobs.cli import AT_LEAST_ONE, Range, UserError, option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, Range, UserError, comma_list, option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoding import EncodedSplit, batches, encode_task
 from jobs.finetuning.tasks.snli import SNLI_DIR, read_snli
 from jobs.finetuning.tasks.subsets import subsample
 from jobs.finetuning.tasks.task import Task
 from jobs.names import PROBE_ARTIFACT, PROBE_DEV_METRICS, PROBE_FEATURES, PROBE_METRICS, PROBE_SIZE_METRICS
-from jobs.runs import experiment_ids, pretraining_runs
+from jobs.runs import finished_run_ids
 
 TRAIN_PAIRS = 10_000  # of SNLI train's 94,889 (the issue asks for at least 10,000): 3 classes x H weights
 #                       need no more, and embedding is most of a probe's time
@@ -192,14 +192,10 @@ def analyse_run(client: MlflowClient, run_id: str, task: Task, max_length: int =
     return ProbeResult(run_id, "FINISHED", values)
 
 
-def _run_list(text: str) -> tuple[str, ...]:
-    return tuple(r.strip() for r in text.split(",") if r.strip())
-
-
 @dataclass(frozen=True)
 class ProbeOptions:
     runs: tuple[str, ...] = field(default=(), metadata=option(
-        "pretraining MLflow run id(s), comma separated", flag="--from", parse=_run_list))
+        "pretraining MLflow run id(s), comma separated", flag="--from", parse=comma_list))
     experiment: str | None = field(default=None, metadata=option(
         "the runs to probe: every finished pretraining run of this MLflow experiment", flag="--from-experiment"))
     train_pairs: int = field(default=TRAIN_PAIRS, metadata=option(
@@ -219,12 +215,7 @@ def run(opts: ProbeOptions) -> list[ProbeResult]:
     set_hermetic_env()
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     client = MlflowClient(tracking_uri)
-    run_ids = list(opts.runs)
-    if not run_ids:
-        runs = pretraining_runs(client, experiment_ids(client, opts.experiment))
-        run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
-        if not run_ids:
-            raise UserError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
+    run_ids = list(opts.runs) or finished_run_ids(client, opts.experiment, tracking_uri, newest_per_seed=False)
     for run_id in run_ids:  # every id checked before any run is probed
         try:
             client.get_run(run_id)

@@ -35,7 +35,7 @@ from model import Encoder
 from model.classifier import load_encoder
 
 from jobs import tracking
-from jobs.cli import AT_LEAST_ONE, Range, UserError, option, parse_options, run_main
+from jobs.cli import AT_LEAST_ONE, Range, UserError, comma_list, option, parse_options, run_main
 from jobs.data.corpus import parse_file, shipped_corpus
 from jobs.data.tokens import load_tokenizer
 from jobs.env import set_hermetic_env
@@ -44,7 +44,7 @@ from jobs.finetuning.tasks.snli import read_snli
 from jobs.finetuning.tasks.specs import SNLI
 from jobs.finetuning.tasks.task import Split
 from jobs.names import REPRESENT_ARTIFACT, REPRESENT_METRICS
-from jobs.runs import experiment_ids, latest_per_seed, pretraining_runs
+from jobs.runs import finished_run_ids
 from jobs.studies.figures import representation_figure
 
 SEED = 0
@@ -133,14 +133,10 @@ def analyse_run(client: MlflowClient, run_id: str, pairs: Pairs, max_length: int
     return label, cosines
 
 
-def _run_list(text: str) -> tuple[str, ...]:
-    return tuple(r.strip() for r in text.split(",") if r.strip())
-
-
 @dataclass(frozen=True)
 class RepresentOptions:
     runs: tuple[str, ...] = field(default=(), metadata=option(
-        "pretraining MLflow run id(s), comma separated", flag="--from", parse=_run_list))
+        "pretraining MLflow run id(s), comma separated", flag="--from", parse=comma_list))
     experiment: str | None = field(default=None, metadata=option(
         "the runs to analyse: every variant's newest finished pretraining run of this MLflow experiment",
         flag="--from-experiment"))
@@ -160,12 +156,7 @@ def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
     set_hermetic_env()
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     client = MlflowClient(tracking_uri)
-    run_ids = list(opts.runs)
-    if not run_ids:
-        runs = latest_per_seed(pretraining_runs(client, experiment_ids(client, opts.experiment)))
-        run_ids = list(runs.loc[runs["status"] == "FINISHED", "run_id"])
-        if not run_ids:
-            raise UserError(f"no finished pretraining run in experiment {opts.experiment!r} of {tracking_uri}")
+    run_ids = list(opts.runs) or finished_run_ids(client, opts.experiment, tracking_uri, newest_per_seed=True)
     chosen = draw_pairs(opts.pairs)
     results = dict(analyse_run(client, run_id, chosen, opts.max_length) for run_id in run_ids)
     if opts.out:
