@@ -119,7 +119,7 @@ class ObjectiveConfig:
     lm_stop_gradient: bool = True  # False: clm_no_stopgrad, the LM loss also moves the copy head
     lm_all_tokens: bool = False  # True: all_token_lm, LM on every real position
     replacement: str = "auxiliary"  # auxiliary | random | none (roberta_mlm: the main encoder reads [MASK]s)
-    sample_in_eval: bool = True  # dropout-free no-grad sampling pass; False reuses the train-mode logits
+    sample_in_eval: bool = True  # dropout-free no-grad sampling pass; False (or no dropout) reuses the train pass
     freeze_aux: bool = False  # converged_aux: the auxiliary is loaded from a finished run and not trained
     electra_head: bool = False  # the electra baseline: ELECTRA's dense + GELU + dense(1) head as the copy head
     aux_unchanged_fraction: float = 0.0  # the electra baseline: 0.15 of the auxiliary's chosen inputs unmasked
@@ -128,12 +128,18 @@ class ObjectiveConfig:
     # without SCL then encode the crop view once more, without gradient (about a sixth more compute), so
     # it is off unless a study asks for it; with SCL it is free.
     cls_cosines: bool = False
+    # Variants without SCL encode the crop view for the cosines on every k-th training pass only: the
+    # logged value is then the mean over a tenth of an interval's batches (study-cpu: 10), for a tenth
+    # of the extra compute. Held-out passes always compute them.
+    cls_cosines_every: int = 1
 
     def __post_init__(self) -> None:
         if self.replacement not in ("auxiliary", "random", "none"):
             raise ValueError(f"objective.replacement must be auxiliary, random or none, not {self.replacement!r}")
         if self.replacement != "none" and not (self.use_copy_loss or self.use_lm):
             raise ValueError("a replaced-token objective needs the copy loss or the LM loss")
+        if self.cls_cosines_every < 1:
+            raise ValueError(f"objective.cls_cosines_every must be at least 1, not {self.cls_cosines_every}")
         if not 0 <= self.aux_unchanged_fraction < 1:
             raise ValueError(f"objective.aux_unchanged_fraction must be in [0, 1), not {self.aux_unchanged_fraction}")
         if self.use_lm and self.lm_copy_mixture and self.lm_stop_gradient and not self.use_copy_loss:

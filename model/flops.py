@@ -46,7 +46,8 @@ def step_flops(
     if objective.replacement == "auxiliary":
         aux_pass = encoder_forward_flops(aux, seq_len) + mlm_head_flops(aux, masked)
         trained = 0 if objective.freeze_aux else 3 * aux_pass
-        sampling = aux_pass if (objective.sample_in_eval or objective.freeze_aux) else 0
+        dropout = model.dropout > 0 or model.attention_dropout > 0  # without it, sampling reuses the train pass
+        sampling = aux_pass if ((objective.sample_in_eval and dropout) or objective.freeze_aux) else 0
         total += trained + sampling
     lm_positions = seq_len if objective.lm_all_tokens else masked
     copy_head = 2 * main.hidden_size * (main.hidden_size + 1) if objective.electra_head else 2 * main.hidden_size

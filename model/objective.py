@@ -42,6 +42,12 @@ class AuxiliaryModel(nn.Module):
         return self.mlm_head(take(h, index))
 
 
+def dropout_active(encoder: Encoder) -> bool:
+    """Whether a pass of `encoder` in training mode differs from one in eval mode (dropout is its only
+    train-mode behaviour)."""
+    return encoder.cfg.dropout > 0 or encoder.cfg.attention_dropout > 0
+
+
 def masked_index(mask: torch.Tensor) -> torch.Tensor:
     """Flat indices of the True entries of a (B, T) mask, in the row-major order boolean indexing uses. (N,)
 
@@ -206,10 +212,19 @@ class PretrainingObjective(nn.Module):
             self.copy_head = ElectraDiscriminatorHead(hidden) if cfg.electra_head else CopyHead(hidden)
             self.clm_head = CLMHead(tokens) if cfg.use_lm else None
         self.scl_head = SCLHead(hidden, main.cfg.layer_norm_eps) if cfg.use_scl else None
+        self._training_passes = 0  # counts training passes for `cls_cosines_every`
         if cfg.replacement == "auxiliary" and aux is None:
             raise ValueError("replacement='auxiliary' needs an auxiliary model")
         if aux is not None and cfg.freeze_aux:
             aux.requires_grad_(False)
+
+    def _cls_cosines_due(self) -> bool:
+        """Whether a variant without SCL encodes the crop view on this pass, for the [CLS] cosines only:
+        every `cls_cosines_every`-th training pass, every pass outside training (held-out batches)."""
+        if not self.training or self.cfg.cls_cosines_every == 1:
+            return True
+        self._training_passes += 1
+        return self._training_passes % self.cfg.cls_cosines_every == 1
 
     @property
     def lm_head(self) -> nn.Module | None:
@@ -227,7 +242,7 @@ class PretrainingObjective(nn.Module):
         self._clm(batch, index, corrupted, h, out, all_real)
         if self.scl_head is not None:
             self._scl(batch, h, out, all_real)
-        elif self.cfg.cls_cosines:
+        elif self.cfg.cls_cosines and self._cls_cosines_due():
             with torch.no_grad():
                 h_crop = self.main(batch["crop_ids"], batch["crop_attention_mask"], all_real)
                 out.cls_positive_cosine, out.cls_negative_cosine = losses.scl_cosines(h[:, 0].detach(), h_crop[:, 0])
@@ -268,7 +283,9 @@ class PretrainingObjective(nn.Module):
             out.aux_mlm_loss = losses.mlm_loss(train_logits, targets, valid)
             out.loss = out.loss + self.cfg.aux_mlm_weight * out.aux_mlm_loss
         with torch.no_grad():
-            if train_logits is None or self.cfg.sample_in_eval:
+            # Without dropout the train pass already is the paper's dropout-free pass: its logits are the
+            # eval pass's, so a second pass would only repeat them (study-cpu trains without dropout).
+            if train_logits is None or (self.cfg.sample_in_eval and dropout_active(self.aux.encoder)):
                 was_training = self.aux.training
                 self.aux.eval()  # the paper's dropout-free sampling pass
                 sample_logits = self.aux(*inputs)

@@ -120,6 +120,23 @@ def test_replacements_follow_the_softmax():
     assert torch.allclose(freq, torch.tensor([0.25, 0.75, 0.0]), atol=0.015)
 
 
+def test_replacements_match_every_probability_of_a_wide_softmax():
+    """Inverse-CDF sampling against the exact softmax, row by row, over a vocabulary of 64 with a few
+    tokens near probability 0: no token drawn more or less often than its probability allows."""
+    generator = torch.Generator().manual_seed(12)
+    logits = torch.randn(4, 64, generator=generator) * 2.0
+    logits[:, :3] = -1e4  # never drawn
+    draws = 50000
+    drawn = sample_replacements(logits.repeat_interleave(draws, 0), torch.Generator().manual_seed(13))
+    freq = torch.stack([torch.bincount(row, minlength=64).float() / draws for row in drawn.view(4, draws)])
+    probs = torch.softmax(logits, -1)
+    sigma = (probs * (1 - probs) / draws).sqrt()
+    assert (freq[:, :3] == 0).all()
+    assert ((freq - probs).abs() <= 5 * sigma + 1e-4).all()
+    again = sample_replacements(logits.repeat_interleave(draws, 0), torch.Generator().manual_seed(13))
+    assert torch.equal(drawn, again)  # the generator alone decides the draw
+
+
 def test_random_replacements_are_uniform_over_regular_tokens_only():
     drawn = random_replacements(50000, 15, torch.device("cpu"), torch.Generator().manual_seed(10))
     freq = torch.bincount(drawn, minlength=15).float() / drawn.numel()

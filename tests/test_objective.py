@@ -365,3 +365,49 @@ def test_each_variant_computes_what_the_paper_defines(name, monkeypatch):
 
 def test_every_variant_has_a_written_out_meaning():
     assert set(MEANING) | {f"crop_{f}" for f in ("0.7", "0.8", "0.9", "1.0")} | {"converged_aux"} == set(VARIANTS)
+
+
+def build_with(variant_name: str, model_overrides: dict, **objective_overrides):
+    torch.manual_seed(0)
+    model_cfg, objective_cfg = VARIANTS[variant_name].apply(TINY, ObjectiveConfig())
+    model_cfg = model_cfg.__class__(**{**model_cfg.__dict__, **model_overrides})
+    objective_cfg = objective_cfg.__class__(**{**objective_cfg.__dict__, **objective_overrides})
+    return build_pretraining_model(model_cfg, objective_cfg)
+
+
+def test_without_dropout_the_train_pass_is_the_sampling_pass(monkeypatch):
+    """With no dropout, train-mode and eval-mode auxiliary logits are equal, so COCO-LM samples from the
+    train pass (one auxiliary pass, not two); with dropout it still runs the separate eval pass."""
+    original, sampled_from = objective_module.sample_replacements, []
+    monkeypatch.setattr(objective_module, "sample_replacements",
+                        lambda logits, generator=None: sampled_from.append(logits) or original(logits, generator))
+    for dropout, passes in ((0.0, 1), (0.1, 2)):
+        model = build_with("cocolm", {"dropout": dropout, "attention_dropout": dropout}).train()
+        calls = []
+        sampled_from.clear()
+        model.aux.register_forward_hook(lambda module, args, out: calls.append((module.training, out.detach())))
+        model(fixed_batch(), torch.Generator().manual_seed(1))
+        assert len(calls) == passes
+        if passes == 1:
+            model.aux.eval()
+            with torch.no_grad():
+                batch = fixed_batch()
+                eval_logits = model.aux(batch["masked_ids"], batch["attention_mask"], masked_index(batch["mask_positions"]))
+            assert torch.allclose(sampled_from[0], eval_logits, atol=1e-6)  # what the eval pass would have given
+        else:
+            assert calls[1][0] is False and torch.equal(sampled_from[0], calls[1][1])
+
+
+def test_cls_cosines_every_k_training_passes_and_on_every_held_out_pass():
+    model = build_with("electra", {}, cls_cosines=True, cls_cosines_every=3).train()
+    seen = [model(fixed_batch(seed), torch.Generator().manual_seed(seed)).cls_positive_cosine is not None
+            for seed in range(7)]
+    assert seen == [True, False, False, True, False, False, True]
+    model.eval()
+    with torch.no_grad():
+        assert all(model(fixed_batch(s), torch.Generator().manual_seed(s)).cls_positive_cosine is not None
+                   for s in range(3))
+    every = build_with("electra", {}, cls_cosines=True).train()
+    assert all(every(fixed_batch(s), torch.Generator().manual_seed(s)).cls_positive_cosine is not None for s in range(3))
+    with pytest.raises(ValueError, match="cls_cosines_every"):
+        ObjectiveConfig(cls_cosines_every=0)
