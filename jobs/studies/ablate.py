@@ -3,7 +3,7 @@
     python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--pretraining-seeds 4]
         [--set key.sub=value ...] [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--label-fractions 0.01,0.1,0.2,1.0]
-        [--represent-pairs 500] [--probe-pairs 10000] [--no-control] [--tracking-uri URI] [--storage URI]
+        [--represent-pairs 500] [--probe-pairs 10000] [--no-control] [--concurrent-runs K] [--tracking-uri URI] [--storage URI]
         [--experiment NAME]
 
 The pretraining run is the unit of replication: `--pretraining-seeds N` pretrains every variant N times,
@@ -17,9 +17,14 @@ frozen encoder (`jobs.studies.probe`, SNLI test accuracy), and with `--tasks` a 
 each seed's variants, the random-init control of that seed (`jobs.studies.control`: the preset's main
 encoder at initialisation, variant `random_init`) is read out alike, the floor every variant must beat.
 
-Variants are pretrained one after the other (`jobs.pretraining.job.run`): each pretraining run already takes
-the workers its preset asks for, so on a small machine two at once would only contend, and on a
-cluster Ray Train schedules each run's workers anyway. With `--tasks`, each finished pretraining run
+Runs go one after the other unless `--concurrent-runs K` lets K of them (each a pretraining run and its
+readouts, or a control's readouts) go at once, in the same order, on the one Ray the study starts: Ray
+schedules their workers and trials on the CPUs (or GPUs) there are. A CPU preset's worker takes half a
+CPU and torch then runs one thread (Ray sets OMP_NUM_THREADS to the floor of the CPUs a worker holds,
+at least 1), so on 2 cores `--concurrent-runs 2` keeps both busy: two runs at one thread each did about
+twice the steps of one (docs/design.md section 5.4). The readouts of one run at a time (they run torch
+in this process, and Tune one sweep at a time); the tokenizers are resolved before any run starts, so
+no two runs train one. With `--tasks`, each finished pretraining run
 is swept (`jobs.finetuning.sweep.run`; default: no fine-tuning) right after it, and each is given the
 representation analysis of `jobs.studies.represent` (paper Fig. 1; `--represent-pairs 0` skips it). Every
 run goes into one experiment (default `ablation-<preset>`) and carries its `variant` tag, so the
@@ -37,6 +42,9 @@ from its last checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +61,9 @@ from jobs.finetuning.sweep import SweepOptions
 from jobs.finetuning.sweep import run as run_sweep
 from jobs.names import (COMPARABLE_METRICS, GATE_TAG, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
                         RANDOM_INIT_VARIANT, REPRESENT_METRICS, STOP_TAG)
+from jobs.data.tokenizer import resolve_tokenizer
 from jobs.pretraining.config import PretrainConfig, resolve
+from jobs.ray_session import init_ray
 from jobs.runs import SEED_PARAMS
 from jobs.studies import control, probe, represent
 from jobs.studies.gate import gate
@@ -94,6 +104,8 @@ class AblationOptions:
     probe_pairs: int = field(default=10_000, metadata=option(
         "SNLI train pairs for the linear probes of each run (jobs.studies.probe; a tenth as many, at most 1,000, "
         "choose C); 0 skips them", bounds=NON_NEGATIVE))
+    concurrent_runs: int = field(default=1, metadata=option(
+        "runs (pretraining and readouts) going at once on the study's Ray; 2 on a 2-core machine", bounds=AT_LEAST_ONE))
     control: bool = field(default=True, metadata=option(
         "read out a random-init control per pretraining seed (--no-control: none)"))
     represent_pairs: int = field(default=500, metadata=option(
@@ -152,23 +164,69 @@ def run(opts: AblationOptions) -> AblationResult:
     readouts = Readouts(represent.draw_pairs(opts.represent_pairs) if opts.represent_pairs > 0 else None,
                         probe.probe_task(opts.probe_pairs, min(1000, max(1, opts.probe_pairs // 10)))
                         if opts.probe_pairs > 0 else None)  # the same pairs for every run
-    results = []
-    for i, ((seed, variant), cfg) in enumerate(configs.items(), 1):
-        print(f"\n=== ablation {opts.experiment_name}: run {i}/{len(configs)}: {variant}, pretraining seed {seed} ===",
-              flush=True)
-        done = pretrain.run(cfg, tracking_uri, opts.storage, experiment=opts.experiment_name)
-        client.set_tag(done.run_id, PRETRAINING_SEED_TAG, str(seed))
-        results.append(_read_out(opts, client, tracking_uri, readouts, variant, seed, done.run_id, done.status))
-        last_of_seed = i == len(configs) or next(iter(list(configs)[i:]))[0] != seed
-        if opts.control and last_of_seed:
-            print(f"\n=== ablation {opts.experiment_name}: random-init control, seed {seed} ===", flush=True)
-            control_run = control.random_init_run(client, opts.experiment_name, cfg, seed)
-            results.append(_read_out(opts, client, tracking_uri, readouts, RANDOM_INIT_VARIANT, seed, control_run,
-                                     "CONTROL"))
+    if opts.concurrent_runs > 1:  # started and resolved once, before any thread could race to do it
+        init_ray(num_cpus=study_cpus(opts.concurrent_runs), dashboard=True)
+        for cfg in configs.values():
+            resolve_tokenizer(cfg.data)
+    study = _Study(opts, client, tracking_uri, readouts)
+    units = _units(opts, configs)
+    with ThreadPoolExecutor(opts.concurrent_runs, thread_name_prefix="ablate") as pool:
+        futures = [pool.submit(study.unit, i, len(units), *unit) for i, unit in enumerate(units, 1)]
+        try:
+            results = [future.result() for future in futures]
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # no new run starts; the runs going finish (their commands resume)
+            raise
     print(_summary(opts, tracking_uri, results))
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
+
+
+def study_cpus(concurrent_runs: int) -> int:
+    """Logical CPUs for a Ray this study starts with K runs at once: at least 2K. Ray Data's autoscaling
+    coordinator (Ray 2.60) splits the CPUs the Train workers leave among the streams that run at once
+    in whole CPUs (integer division): on 2 logical CPUs, two streams each got 0 and both runs hung at
+    their first batch. Logical CPUs are Ray's bookkeeping, not threads: a CPU preset's worker still runs
+    one torch thread, and each fine-tuning trial one."""
+    return max(os.cpu_count() or 1, 2 * concurrent_runs)
+
+
+def _units(opts: AblationOptions, configs: dict[tuple[int, str], PretrainConfig]) -> list[tuple[int, str, PretrainConfig]]:
+    """(seed, variant, config) in order: each seed's variants, then its random-init control."""
+    units = []
+    for i, ((seed, variant), cfg) in enumerate(configs.items(), 1):
+        units.append((seed, variant, cfg))
+        last_of_seed = i == len(configs) or list(configs)[i][0] != seed
+        if opts.control and last_of_seed:
+            units.append((seed, RANDOM_INIT_VARIANT, cfg))
+    return units
+
+
+@dataclass
+class _Study:
+    """What every unit of a study shares; `unit` may run in several threads at once."""
+
+    opts: AblationOptions
+    client: Any
+    tracking_uri: str
+    readouts: Readouts
+    readout_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unit(self, i: int, count: int, seed: int, variant: str, cfg: PretrainConfig) -> VariantResult:
+        opts, client = self.opts, self.client
+        if variant == RANDOM_INIT_VARIANT:
+            print(f"\n=== ablation {opts.experiment_name}: {i}/{count}: random-init control, seed {seed} ===",
+                  flush=True)
+            run_id, status = control.random_init_run(client, opts.experiment_name, cfg, seed), "CONTROL"
+        else:
+            print(f"\n=== ablation {opts.experiment_name}: {i}/{count}: {variant}, pretraining seed {seed} ===",
+                  flush=True)
+            done = pretrain.run(cfg, self.tracking_uri, opts.storage, experiment=opts.experiment_name)
+            client.set_tag(done.run_id, PRETRAINING_SEED_TAG, str(seed))
+            run_id, status = done.run_id, done.status
+        with self.readout_lock:
+            return _read_out(opts, client, self.tracking_uri, self.readouts, variant, seed, run_id, status)
 
 
 @dataclass(frozen=True)
