@@ -169,7 +169,8 @@ def run(opts: SweepOptions) -> SweepResult:
         trials = len(plan.points) * len(opts.seeds)
         print(f"MLflow parent run {run_id} in experiment {opts.experiment!r} at {tracking_uri}: "
               f"{len(plan.points)} grid point(s) x {len(opts.seeds)} seed(s) = {trials} trials", flush=True)
-        results = _tune(opts, plan, ParentRun(tracking_uri, experiment_id, run_id))
+        configs = [{"point": p, "seed": s} for p in plan.points for s in opts.seeds]
+        results = _tune(opts, plan, configs, ParentRun(tracking_uri, experiment_id, run_id))
         out = tabulate(results, plan.encoded, opts.seeds)
         log_tables(client, run_id, out)
     print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n" + tracking.ui_links(tracking_uri, experiment_id, run_id))
@@ -264,14 +265,14 @@ def _from_pretraining_run(client: MlflowClient, pretraining_run: str, source: st
     return {note: f"Fine-tuning sweep of pretraining run {link}.", **study}
 
 
-def _tune(opts: SweepOptions, plan: _Plan, parent: ParentRun):
+def _tune(opts: SweepOptions, plan: _Plan, configs: list[dict[str, Any]], parent: ParentRun):
     def params_of(config: dict[str, Any]) -> dict[str, Any]:
         point = config["point"]
         return {"pretraining_run": plan.pretraining_run, "max_length": plan.encoded[data_key(point)].max_length,
                 **point, "seed": config["seed"]}
 
-    return run_trials(tune_trial, data=plan.encoded, encoder=plan.encoder,
-                      grid={"point": plan.points, "seed": list(opts.seeds)}, name_of=trial_name, params_of=params_of,
+    return run_trials(tune_trial, data=plan.encoded, encoder=plan.encoder, configs=configs,
+                      name_of=trial_name, params_of=params_of,
                       cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
                       max_failures=opts.max_failures, parent=parent, storage=opts.storage or tracking.default_storage(),
                       run_name=f"sweep-{parent.run_id}")
