@@ -116,8 +116,8 @@ def listed_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
             **{key: tune.sample_from(partial(_config_value, configs, key)) for key in configs[0]}}
 
 
-def _config_value(configs: list[dict[str, Any]], key: str, spec) -> Any:
-    return configs[spec.config.index][key]
+def _config_value(configs: list[dict[str, Any]], key: str, config: dict[str, Any]) -> Any:
+    return configs[config["index"]][key]
 
 
 def _in_actor(config: dict[str, Any], trial: Trial, name_of: Callable[[dict[str, Any]], str],
