@@ -19,6 +19,13 @@ run (`mlflow.parentRunId`) from Tune callbacks (`tune.MlflowTrials`), so trials 
 no access to the store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
 MNLI-mm chosen separately), and the task table with the GLUE average, as metrics and as CSV and
 markdown artifacts; the task table is also printed. Every run is ended explicitly.
+
+Resuming: the same command run again after a stop (Ctrl-C, a killed process, a lost driver) continues the
+unfinished parent (RUNNING, FAILED or KILLED) of the same pretraining run with the same tasks, grid, seeds,
+label fractions, sizes and lr set, says "resuming sweep parent X (STATUS): k of n trials already finished",
+runs only the trials without a FINISHED child run, and tables all of them (the earlier ones read back from
+their child runs); children a killed command left RUNNING are marked KILLED. A lock in --storage named by those
+params (`tracking.holding_run`, as for pretraining runs) keeps a second command off a sweep that is live.
 """
 
 from __future__ import annotations
