@@ -5,6 +5,7 @@ hands the plan to its workers, so it never becomes a config field or an MLflow p
 
     {"pretraining_step": 12}            rank 0 of the pretraining loop dies once, at step 12
     {"trials": {"<trial name>": 2}}     that fine-tuning trial fails its first 2 attempts
+    {"interrupt_after_trials": 1}       the fine-tuning driver gets a Ctrl-C (SIGINT) once 1 trial ended
 
 Attempts are counted with marker files in a directory of the run's storage, which outlives the
 processes that die.
@@ -26,6 +27,7 @@ ENV = "COCOLM_INJECT_FAULTS"
 class Faults:
     pretraining_step: int = 0  # 0: the pretraining loop never dies
     trials: dict[str, int] = field(default_factory=dict)  # trial name -> attempts that fail
+    interrupt_after_trials: int = 0  # fine-tuning: Ctrl-C the driver once this many trials ended; 0 = never
 
 
 def planned() -> Faults:

@@ -121,3 +121,102 @@ def test_bad_label_fractions_are_usage_errors(bad, capsys):
     with pytest.raises(SystemExit):
         sweep.main(["--from", "last", "--label-fractions", bad])
     assert "--label-fractions" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- an interrupted sweep resumes
+
+
+def _children(client, parent):
+    return client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", max_results=100)
+
+
+@pytest.mark.timeout(420)
+def test_an_interrupted_sweep_resumes_its_parent_and_runs_only_the_missing_trials(ray_local, tmp_path, exported,
+                                                                                  monkeypatch, capfd):
+    """Issue 33: a sweep stopped between trials (Ctrl-C here; a kill -9 leaves its runs RUNNING, as set below)
+    is continued by the same command: the same parent, only the trials without a FINISHED child run, and
+    the tables over all of them. Other seeds are another sweep; a live command's sweep is not shared."""
+    from jobs.cli import UserError
+    from jobs.finetuning import sweep
+    from jobs.tracking import holding_run
+
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
+    grid = tmp_path / "one_lr.yaml"
+    grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
+                    "tasks: {default: t}\n")
+    opts = SweepOptions(source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")),
+                        grid=str(grid), seeds=(0, 1, 2), tracking_uri=tracking_uri, storage=str(tmp_path / "ray"))
+
+    monkeypatch.setenv(faults.ENV, json.dumps({"interrupt_after_trials": 1}))  # Ctrl-C once a trial ended
+    with pytest.raises(KeyboardInterrupt):
+        run(opts)
+    monkeypatch.delenv(faults.ENV)
+    experiment = client.get_experiment_by_name("finetuning").experiment_id
+    [parent] = client.search_runs([experiment], filter_string="tags.kind = 'finetuning-sweep'")
+    assert parent.info.status == "FAILED"
+    first = _children(client, parent)
+    finished = [c for c in first if c.info.status == "FINISHED"]
+    assert 1 <= len(finished) < 3 and all(c.info.status in ("FINISHED", "KILLED") for c in first)
+    for run_id in [parent.info.run_id, *(c.info.run_id for c in first if c.info.status == "KILLED")]:
+        client.update_run(run_id, status="RUNNING")  # what a kill -9 leaves
+
+    other = run(SweepOptions(**{**opts.__dict__, "seeds": (0,)}))  # other seeds: a sweep of its own
+    assert other.run_id != parent.info.run_id and other.trials_run == 1
+    assert client.get_run(parent.info.run_id).info.status == "RUNNING"  # not touched
+    lock = sweep._lock_name(tracking_uri, experiment, parent.data.params)
+    with holding_run(opts.storage, lock), pytest.raises(UserError, match="is live"):
+        run(opts)  # as if a live command held the sweep: refused, not shared
+    capfd.readouterr()
+
+    started = max(c.info.start_time for c in _children(client, client.get_run(other.run_id)))
+    result = run(opts)
+    assert f"resuming sweep parent {parent.info.run_id} (RUNNING): {len(finished)} of 3 trials already finished" \
+        in capfd.readouterr().out
+    assert result.run_id == parent.info.run_id and result.trials_run == 3 - len(finished)
+    resumed = client.get_run(parent.info.run_id)
+    assert resumed.info.status == "FINISHED"
+    children = _children(client, resumed)
+    assert sum(c.info.start_time > started for c in children) == 3 - len(finished)  # only the missing trials ran
+    assert sorted(c.info.status for c in children).count("FINISHED") == 3
+    assert all(c.info.status in ("FINISHED", "KILLED") for c in children)  # the stale RUNNING children: KILLED
+    scores = {c.data.tags["cocolm.trial"]: c.data.metrics["best.dev.accuracy"] for c in children
+              if c.info.status == "FINISHED"}
+    summary = result.tables.summary.iloc[0]
+    assert summary["complete"] and summary["seeds_done"] == 3 and len(result.tables.trials) == 3
+    assert summary["score_median"] == pytest.approx(np.median(list(scores.values())))
+    assert sorted(seed_scores(resumed.data.metrics, "sentiment")) == [0, 1, 2]
+
+
+def test_only_an_unfinished_parent_with_every_identifying_param_the_same_is_resumed(tmp_path):
+    """Any of the params that say what a sweep is (tasks, grid, seeds, label fractions, sizes, lr set, the
+    pretraining run) differing, or the parent FINISHED, is another sweep: a new parent."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs import tracking
+    from jobs.finetuning.sweep import SAME_SWEEP, _unfinished_parent
+    from jobs.names import KIND_SWEEP, KIND_TAG
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = tracking.experiment_id(client, "finetuning", uri)
+    params = {"pretraining_run": "abc", "from": "abc", "tasks": "rte", "grid": "quick", "seeds": "0,1,2",
+              "label_fractions": "1", "max_train": 0, "max_dev": 0, "max_length": "128", "lr_set": "base",
+              "max_failures": 2}
+
+    def parent(status: str, **changed) -> str:
+        run_id = client.create_run(experiment, tags={KIND_TAG: KIND_SWEEP}).info.run_id
+        tracking.log_params(client, run_id, {**params, **changed})
+        if status != "RUNNING":
+            client.set_terminated(run_id, status)
+        return run_id
+
+    assert _unfinished_parent(client, experiment, params) is None
+    parent("FINISHED")
+    for key in SAME_SWEEP:
+        parent("FAILED", **{key: "other"})
+    assert _unfinished_parent(client, experiment, params) is None
+    parent("KILLED")
+    newest = parent("RUNNING", max_failures=5, **{"from": "last"})  # neither says what the sweep is
+    assert _unfinished_parent(client, experiment, params).info.run_id == newest

@@ -30,7 +30,7 @@ def _sweep_job(opts_gpus: float | None, tmp_path) -> None:
     opts = sweep.SweepOptions(source="unused", gpus_per_trial=opts_gpus, storage=str(tmp_path / "ray"))
     point = {"task": "t", "lr": 1e-3, "batch_size": 16, "epochs": 1, "warmup": 0.1}
     plan = sweep._Plan(encoder=None, pretraining_run="", encoded={"t": "data"}, points=[point], params={}, notes="")
-    sweep._tune(opts, plan, _parent(tmp_path))
+    sweep._tune(opts, plan, [{"point": point, "seed": 0}], _parent(tmp_path))
 
 
 def _parent(tmp_path) -> ParentRun:

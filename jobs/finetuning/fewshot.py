@@ -313,8 +313,8 @@ def _tune(opts: FewShotOptions, configs: list[dict[str, Any]], data: dict[str, S
           encoder: PretrainedEncoder, parent: ParentRun, storage: str):
     settings = {"steps": opts.steps, "batch_size": opts.batch_size, "eval_every": opts.eval_every,
                 "max_length": opts.max_length}
-    return run_trials(partial(tune_trial, settings=settings), data=data, encoder=encoder, grid={"trial": configs},
-                      name_of=trial_name,
+    return run_trials(partial(tune_trial, settings=settings), data=data, encoder=encoder,
+                      configs=[{"trial": config} for config in configs], name_of=trial_name,
                       params_of=lambda config: {**config["trial"], "pretraining_run": encoder.pretraining_run},
                       cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
                       max_failures=opts.max_failures, parent=parent, storage=storage,

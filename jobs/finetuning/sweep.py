@@ -19,11 +19,20 @@ run (`mlflow.parentRunId`) from Tune callbacks (`tune.MlflowTrials`), so trials 
 no access to the store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
 MNLI-mm chosen separately), and the task table with the GLUE average, as metrics and as CSV and
 markdown artifacts; the task table is also printed. Every run is ended explicitly.
+
+Resuming: the same command run again after a stop (Ctrl-C, a killed process, a lost driver) continues the
+unfinished parent (RUNNING, FAILED or KILLED) of the same pretraining run with the same tasks, grid, seeds,
+label fractions, sizes and lr set, says "resuming sweep parent X (STATUS): k of n trials already finished",
+runs only the trials without a FINISHED child run, and tables all of them (the earlier ones read back from
+their child runs); children a killed command left RUNNING are marked KILLED. A lock in --storage named by those
+params (`tracking.holding_run`, as for pretraining runs) keeps a second command off a sweep that is live.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -31,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from ray import tune
+from ray.tune import Result
 
 from jobs import tracking
 from jobs.cli import NON_NEGATIVE, Range, UserError, option, parse_options
@@ -47,7 +58,8 @@ from jobs.finetuning.tasks.task import Task
 from jobs.finetuning.trial import TrialConfig, fine_tune
 from jobs.finetuning.tune import CPUS_PER_TRIAL, GPUS_PER_TRIAL, MAX_FAILURES, ParentRun, run_trials
 from jobs.names import (CHECKPOINT_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, STUDY_TAGS,
-                        fraction_target, split_fraction)
+                        TRIAL_TAG, fraction_target, split_fraction)
+from jobs.runs import search
 
 # ----------------------------------------------------------------------------- options and result
 
@@ -126,6 +138,7 @@ class SweepOptions:
 class SweepResult:
     run_id: str  # the parent MLflow run
     tables: SweepTables  # every trial, every grid point, the best points, the task table
+    trials_run: int = 0  # the trials this command ran (fewer than the tables hold when it resumed a parent)
 
 
 # ----------------------------------------------------------------------------- the trial (in a Tune actor)
@@ -145,35 +158,105 @@ def tune_trial(config: dict[str, Any], data: dict[str, ray.ObjectRef], encoder: 
 
 
 def run(opts: SweepOptions) -> SweepResult:
-    """Read and encode the tasks, start the parent run, run every trial on Tune, table the medians."""
+    """Read and encode the tasks, start the parent run (or resume an unfinished one), run the trials it
+    lacks on Tune, table the medians over all its trials."""
     set_hermetic_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder file otherwise
     grid = load_grid(opts.grid)
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)  # before any compute is spent
-    tracking.check_storage(opts.storage or tracking.default_storage())
+    storage = opts.storage or tracking.default_storage()
+    tracking.check_storage(storage)
     client = MlflowClient(tracking_uri)
     experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)  # the driver creates store + experiment
     with tempfile.TemporaryDirectory(prefix="cocolm-sweep-") as workdir:  # the downloaded encoder: read, then gone
         plan = _plan(opts, grid, client, tracking_uri, Path(workdir))
     print(plan.notes, flush=True)
+    configs = [{"point": p, "seed": s} for p in plan.points for s in opts.seeds]
+    # One command per sweep, with the lock pretraining runs use: named by what the sweep is and taken before
+    # its parent is looked up, so a second command never resumes a parent that a live one is running.
+    with tracking.holding_run(storage, _lock_name(tracking_uri, experiment_id, plan.params)):
+        found = _unfinished_parent(client, experiment_id, plan.params)
+        run_id = found.info.run_id if found else _new_parent(client, experiment_id, opts, grid, plan)
+        with tracking.ending_run(client, run_id):
+            if found:
+                earlier = _earlier_trials(client, experiment_id, run_id, configs)
+                client.update_run(run_id, status="RUNNING")
+                print(f"resuming sweep parent {run_id} ({found.info.status}): {len(earlier)} of {len(configs)} "
+                      f"trials already finished", flush=True)
+            else:
+                earlier = []
+                tracking.log_params(client, run_id, plan.params)
+                client.log_text(run_id, plan.notes + "\n", "data_notes.txt")
+            print(f"MLflow parent run {run_id} in experiment {opts.experiment!r} at {tracking_uri}: "
+                  f"{len(plan.points)} grid point(s) x {len(opts.seeds)} seed(s) = {len(configs)} trials", flush=True)
+            done = {trial_name(r.config) for r in earlier}
+            missing = [c for c in configs if trial_name(c) not in done]
+            results = _tune(opts, plan, missing, ParentRun(tracking_uri, experiment_id, run_id)) if missing else []
+            by_name = {trial_name(r.config): r for r in [*earlier, *results]}
+            out = tabulate([by_name[trial_name(c)] for c in configs], plan.encoded, opts.seeds)
+            log_tables(client, run_id, out)
+    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n"
+          + tracking.ui_links(tracking_uri, experiment_id, run_id))
+    return SweepResult(run_id, out, trials_run=len(missing))
+
+
+def _new_parent(client: MlflowClient, experiment_id: str, opts: SweepOptions, grid: Grid, plan: _Plan) -> str:
     tasks = "-".join(dict.fromkeys(p["task"] for p in plan.points))
-    parent = client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{tasks}"[:200],
-                               tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: plan.pretraining_run,
-                                     "git_commit": tracking.git_commit(),
-                                     **_from_pretraining_run(client, plan.pretraining_run, opts.source)})
-    run_id = parent.info.run_id
-    with tracking.ending_run(client, run_id):
-        tracking.log_params(client, run_id, plan.params)
-        client.log_text(run_id, plan.notes + "\n", "data_notes.txt")
-        trials = len(plan.points) * len(opts.seeds)
-        print(f"MLflow parent run {run_id} in experiment {opts.experiment!r} at {tracking_uri}: "
-              f"{len(plan.points)} grid point(s) x {len(opts.seeds)} seed(s) = {trials} trials", flush=True)
-        results = _tune(opts, plan, ParentRun(tracking_uri, experiment_id, run_id))
-        out = tabulate(results, plan.encoded, opts.seeds)
-        log_tables(client, run_id, out)
-    print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n" + tracking.ui_links(tracking_uri, experiment_id, run_id))
-    return SweepResult(run_id, out)
+    return client.create_run(experiment_id, run_name=opts.name or f"sweep-{grid.name}-{tasks}"[:200],
+                             tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: plan.pretraining_run,
+                                   "git_commit": tracking.git_commit(),
+                                   **_from_pretraining_run(client, plan.pretraining_run, opts.source)}).info.run_id
+
+
+# ----------------------------------------------------------------------------- resuming a sweep
+
+# The parent's params that say which trials a sweep holds and how they train: an unfinished parent is
+# resumed only when all of them agree (and `from`, where no pretraining run names the encoder).
+SAME_SWEEP = ("pretraining_run", "tasks", "grid", "seeds", "label_fractions", "max_train", "max_dev", "max_length",
+              "lr_set")
+
+
+def _identity(params: dict[str, Any]) -> dict[str, str]:
+    keys = SAME_SWEEP if params["pretraining_run"] else (*SAME_SWEEP, "from")
+    return {key: str(params[key]) for key in keys}
+
+
+def _lock_name(tracking_uri: str, experiment_id: str, params: dict[str, Any]) -> str:
+    """The sweep's lock (a folder under --storage that holds only it, beside the parents' Tune runs)."""
+    key = json.dumps([tracking_uri, experiment_id, _identity(params)], sort_keys=True)
+    return f"sweep-lock-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _unfinished_parent(client: MlflowClient, experiment_id: str, params: dict[str, Any]) -> Run | None:
+    """The newest sweep parent in the experiment with these identifying params that did not finish: FAILED
+    or KILLED, or RUNNING, which a killed command leaves (none is live: its lock is this command's)."""
+    runs = search(client, [experiment_id], f"tags.{KIND_TAG} = '{KIND_SWEEP}' and attributes.status != 'FINISHED'")
+    wanted = _identity(params)
+    same = [r for r in runs if r.info.status in ("RUNNING", "FAILED", "KILLED")
+            and all(r.data.params.get(k) == v for k, v in wanted.items())]
+    return max(same, key=lambda r: r.info.start_time, default=None)
+
+
+def _earlier_trials(client: MlflowClient, experiment_id: str, run_id: str,
+                    configs: list[dict[str, Any]]) -> list[Result]:
+    """The trials that earlier attempts of the parent finished, as the Tune results `tabulate` reads (config,
+    the metrics the driver logged on the child, done); children a killed command left RUNNING are marked
+    KILLED, and their trials run again.
+
+    A child is matched by its trial name (the `cocolm.trial` tag): `trial_name` also names the Tune trials,
+    so one function says what a trial is, where matching the child's params would compare floats as the
+    strings MLflow keeps (an lr of 3e-05 logged by one version, 3.0e-05 by another)."""
+    planned = {trial_name(c): c for c in configs}
+    earlier = {}
+    for child in search(client, [experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'"):
+        name = child.data.tags.get(TRIAL_TAG, "")
+        if child.info.status == "RUNNING":
+            client.set_terminated(child.info.run_id, status="KILLED")
+        elif child.info.status == "FINISHED" and name in planned:
+            earlier[name] = Result(metrics={**child.data.metrics, "done": 1, "config": planned[name]},
+                                   checkpoint=None, error=None, path=child.info.artifact_uri)
+    return list(earlier.values())
 
 
 @dataclass(frozen=True)
@@ -264,17 +347,17 @@ def _from_pretraining_run(client: MlflowClient, pretraining_run: str, source: st
     return {note: f"Fine-tuning sweep of pretraining run {link}.", **study}
 
 
-def _tune(opts: SweepOptions, plan: _Plan, parent: ParentRun):
+def _tune(opts: SweepOptions, plan: _Plan, configs: list[dict[str, Any]], parent: ParentRun) -> list[Result]:
     def params_of(config: dict[str, Any]) -> dict[str, Any]:
         point = config["point"]
         return {"pretraining_run": plan.pretraining_run, "max_length": plan.encoded[data_key(point)].max_length,
                 **point, "seed": config["seed"]}
 
-    return run_trials(tune_trial, data=plan.encoded, encoder=plan.encoder,
-                      grid={"point": plan.points, "seed": list(opts.seeds)}, name_of=trial_name, params_of=params_of,
-                      cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
-                      max_failures=opts.max_failures, parent=parent, storage=opts.storage or tracking.default_storage(),
-                      run_name=f"sweep-{parent.run_id}")
+    return list(run_trials(tune_trial, data=plan.encoded, encoder=plan.encoder, configs=configs,
+                           name_of=trial_name, params_of=params_of,
+                           cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
+                           max_failures=opts.max_failures, parent=parent,
+                           storage=opts.storage or tracking.default_storage(), run_name=f"sweep-{parent.run_id}"))
 
 
 # ----------------------------------------------------------------------------- command line

@@ -1,7 +1,7 @@
 """Ray Tune for both fine-tuning jobs, the sweep (sweep.py: grid points x seeds) and few-shot (fewshot.py:
 methods x learning rates x splits): how their trials are placed, run, retried and tracked.
 
-    run_trials(trial, data=..., encoder=..., grid={"point": [...], "seed": [...]}, ...) -> ResultGrid
+    run_trials(trial, data=..., encoder=..., configs=[{"point": ..., "seed": ...}, ...], ...) -> ResultGrid
 
 - **Resources** (`trial_resources`): `--cpus-per-trial` CPUs each, and `--gpus-per-trial` GPUs (by
   default `GPU_SHARE` where the cluster has GPUs, so four small fine-tunings share one). Ray hides
@@ -11,14 +11,20 @@ methods x learning rates x splits): how their trials are placed, run, retried an
   fail its first attempts). A failed trial is retried `max_failures` times.
 - **MLflow** (`MlflowTrials`): the driver logs every trial attempt as a child run of the job's parent
   run from Tune callbacks, so trials on other nodes need no access to the store.
+- **Ctrl-C**: Tune's own handler ends the run gracefully and returns; `run_trials` passes the interrupt
+  on as KeyboardInterrupt (trials still open are logged KILLED), so a job never tables a half-run grid
+  as finished. Every trial reports `done` last: a result without it and without an error never ended.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +69,11 @@ def trial_resources(cpus_per_trial: float, gpus_per_trial: float | None,
     return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
 
 
-def run_trials(trial: Trial, *, data: dict[str, Any], encoder: PretrainedEncoder, grid: dict[str, list],
+def run_trials(trial: Trial, *, data: dict[str, Any], encoder: PretrainedEncoder, configs: list[dict[str, Any]],
                name_of: Callable[[dict[str, Any]], str], params_of: Callable[[dict[str, Any]], dict[str, Any]],
                cpus_per_trial: float, gpus_per_trial: float | None, max_failures: int, parent: ParentRun,
                storage: str, run_name: str) -> tune.ResultGrid:
-    """One trial per combination of `grid`'s lists (config key -> values), `trial(config, data refs,
+    """One trial per config of `configs` (each a dict with the same keys), `trial(config, data refs,
     encoder)` reporting through `tune.report`. `data` goes into the object store once; the Tune run is
     `run_name` under `storage`."""
     init_ray()
@@ -77,14 +83,15 @@ def run_trials(trial: Trial, *, data: dict[str, Any], encoder: PretrainedEncoder
     trainable = tune.with_resources(tune.with_parameters(
         _in_actor, trial=trial, name_of=name_of, data={key: ray.put(value) for key, value in data.items()},
         encoder=encoder, settings=settings), resources)
-    callback = MlflowTrials(parent, params_of, name_of, total=math.prod(len(values) for values in grid.values()))
+    callback = MlflowTrials(parent, params_of, name_of, total=len(configs),
+                            interrupt_after=faults.planned().interrupt_after_trials)
     tuner = tune.Tuner(
         trainable,
-        param_space={key: tune.grid_search(values) for key, values in grid.items()},
+        param_space=listed_space(configs),
         tune_config=tune.TuneConfig(
             reuse_actors=True,  # a trial reseeds everything; reusing the process saves the torch import per trial
-            trial_name_creator=lambda t: name_of(t.config),
-            trial_dirname_creator=lambda t: f"{name_of(t.config)}-{t.trial_id}",
+            trial_name_creator=lambda t: name_of(configs[t.config["index"]]),
+            trial_dirname_creator=lambda t: f"{name_of(configs[t.config['index']])}-{t.trial_id}",
         ),
         run_config=tune.RunConfig(
             name=run_name, storage_path=storage, verbose=0,
@@ -93,7 +100,24 @@ def run_trials(trial: Trial, *, data: dict[str, Any], encoder: PretrainedEncoder
         ),
     )
     print(f"trials get {resources} each", flush=True)
-    return tuner.fit()
+    results = tuner.fit()
+    unended = sum(1 for r in results if r.error is None and not (r.metrics or {}).get("done"))
+    if unended:  # Tune caught a Ctrl-C (or SIGUSR1) and stopped early
+        raise KeyboardInterrupt(f"Tune run {run_name} interrupted with {unended} of {len(configs)} trials unended")
+    return results
+
+
+def listed_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tune's search space of exactly `configs`: a grid over their indices, each key looked up in the
+    indexed config. A product of grid_search axes cannot leave out single (point, seed) pairs, which a
+    resumed sweep must; the trials' configs keep their keys (plus `index`). Tune resolves the lookups
+    only once a trial is added: its name creators see `index` alone."""
+    return {"index": tune.grid_search(list(range(len(configs)))),
+            **{key: tune.sample_from(partial(_config_value, configs, key)) for key in configs[0]}}
+
+
+def _config_value(configs: list[dict[str, Any]], key: str, config: dict[str, Any]) -> Any:
+    return configs[config["index"]][key]
 
 
 def _in_actor(config: dict[str, Any], trial: Trial, name_of: Callable[[dict[str, Any]], str],
@@ -117,10 +141,11 @@ class MlflowTrials(tune.Callback):
     per finished trial."""
 
     def __init__(self, parent: ParentRun, params_of: Callable[[dict[str, Any]], dict[str, Any]],
-                 name_of: Callable[[dict[str, Any]], str], total: int) -> None:
-        """`params_of(config)` gives a trial's MLflow params, `name_of(config)` its name."""
+                 name_of: Callable[[dict[str, Any]], str], total: int, interrupt_after: int = 0) -> None:
+        """`params_of(config)` gives a trial's MLflow params, `name_of(config)` its name; `interrupt_after`
+        (jobs.faults, tests only): Ctrl-C this process once that many trials ended."""
         self.client = MlflowClient(parent.tracking_uri)
-        self.parent, self.total = parent, total
+        self.parent, self.total, self.interrupt_after = parent, total, interrupt_after
         self.params_of, self.name_of = params_of, name_of
         self.runs: dict[str, str] = {}  # trial id -> child run of its current attempt
         self.attempts: dict[str, int] = {}
@@ -154,6 +179,8 @@ class MlflowTrials(tune.Callback):
         print(f"[{self.finished}/{self.total}] {self.name_of(trial.config)}: {scores} "
               f"({result.get('trial_seconds', 0):.0f}s)", flush=True)
         self._end(trial, ok=True)
+        if self.finished == self.interrupt_after:  # a user's Ctrl-C, which Tune's own handler takes
+            os.kill(os.getpid(), signal.SIGINT)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         print(f"trial {self.name_of(trial.config)} failed; retrying: {_first_line(trial)}", flush=True)
@@ -164,6 +191,12 @@ class MlflowTrials(tune.Callback):
         print(f"[{self.finished}/{self.total}] {self.name_of(trial.config)} FAILED after "
               f"{self.attempts.get(trial.trial_id, 1)} attempt(s): {_first_line(trial)}", flush=True)
         self._end(trial, ok=False)
+
+    def on_experiment_end(self, trials, **info):
+        """Trials still open when Tune stops early (Ctrl-C) never ended: KILLED, not left RUNNING."""
+        for run_id in self.runs.values():
+            self.client.set_terminated(run_id, status="KILLED")
+        self.runs.clear()
 
     def _end(self, trial, ok: bool) -> None:
         run_id = self.runs.pop(trial.trial_id, None)

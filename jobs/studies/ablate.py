@@ -36,7 +36,7 @@ reported ALREADY_FINISHED by `jobs.pretraining.job`, and a sweep is skipped when
 finished sweep parent of that pretraining run with the same tasks, grid and seeds, and a run that
 holds the representation metrics (or the probes' metrics) is not analysed again; the random-init control of a
 seed is found again, never made twice. An unfinished pretraining run resumes
-from its last checkpoint.
+from its last checkpoint, and an unfinished sweep runs only its missing trials (`jobs.finetuning.sweep`).
 """
 
 from __future__ import annotations
