@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 from mlflow.tracking import MlflowClient
 
 from jobs import tracking
@@ -168,15 +169,7 @@ def run(opts: AblationOptions) -> AblationResult:
         init_ray(num_cpus=study_cpus(opts.concurrent_runs), dashboard=True)
         for cfg in configs.values():
             resolve_tokenizer(cfg.data)
-    study = _Study(opts, client, tracking_uri, readouts)
-    units = _units(opts, configs)
-    with ThreadPoolExecutor(opts.concurrent_runs, thread_name_prefix="ablate") as pool:
-        futures = [pool.submit(study.unit, i, len(units), *unit) for i, unit in enumerate(units, 1)]
-        try:
-            results = [future.result() for future in futures]
-        except BaseException:
-            pool.shutdown(cancel_futures=True)  # no new run starts; the runs going finish (their commands resume)
-            raise
+    results = _run_units(_Study(opts, client, tracking_uri, readouts), _units(opts, configs), opts.concurrent_runs)
     print(_summary(opts, tracking_uri, results))
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
@@ -190,6 +183,24 @@ def study_cpus(concurrent_runs: int) -> int:
     their first batch. Logical CPUs are Ray's bookkeeping, not threads: a CPU preset's worker still runs
     one torch thread, and each fine-tuning trial one."""
     return max(os.cpu_count() or 1, 2 * concurrent_runs)
+
+
+def _run_units(study: _Study, units: list[tuple[int, str, PretrainConfig]], concurrent: int) -> list[VariantResult]:
+    """Every unit's result, in order. One at a time in this thread (Ray Train's and Tune's Ctrl-C handling
+    work only there); K at once in threads, where a failure or Ctrl-C starts no new unit and shuts Ray
+    down, which stops the runs going (their checkpoints and finished readouts stay: the command resumes)."""
+    if concurrent == 1:
+        return [study.unit(i, len(units), *unit) for i, unit in enumerate(units, 1)]
+    pool = ThreadPoolExecutor(concurrent, thread_name_prefix="ablate")
+    futures = [pool.submit(study.unit, i, len(units), *unit) for i, unit in enumerate(units, 1)]
+    try:
+        return [future.result() for future in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        ray.shutdown()
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _units(opts: AblationOptions, configs: dict[tuple[int, str], PretrainConfig]) -> list[tuple[int, str, PretrainConfig]]:
