@@ -167,6 +167,7 @@ def run(opts: AblationOptions) -> AblationResult:
                         if opts.probe_pairs > 0 else None)  # the same pairs for every run
     if opts.concurrent_runs > 1:  # started and resolved once, before any thread could race to do it
         init_ray(num_cpus=study_cpus(opts.concurrent_runs), dashboard=True)
+        check_cpus(opts.concurrent_runs, ray.cluster_resources().get("CPU", 0))  # a Ray joined or already up
         for cfg in configs.values():
             resolve_tokenizer(cfg.data)
     results = _run_units(_Study(opts, client, tracking_uri, readouts), _units(opts, configs), opts.concurrent_runs)
@@ -183,6 +184,13 @@ def study_cpus(concurrent_runs: int) -> int:
     their first batch. Logical CPUs are Ray's bookkeeping, not threads: a CPU preset's worker still runs
     one torch thread, and each fine-tuning trial one."""
     return max(os.cpu_count() or 1, 2 * concurrent_runs)
+
+
+def check_cpus(concurrent_runs: int, cpus: float) -> None:
+    if cpus < 2 * concurrent_runs:
+        raise UserError(f"--concurrent-runs {concurrent_runs} needs a Ray with at least {2 * concurrent_runs} logical "
+                        f"CPUs, this one has {cpus:g}: Ray Data would give the runs' streams no CPU and they would "
+                        f"hang (ablate.study_cpus); run fewer at once, or start the cluster with more CPUs")
 
 
 def _run_units(study: _Study, units: list[tuple[int, str, PretrainConfig]], concurrent: int) -> list[VariantResult]:
