@@ -30,27 +30,69 @@ def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_seeds_and_la
     assert finished_sweep(client, "no-such-experiment", "p1", "snli", "quick", (0, 1, 2, 3, 4)) == ""
 
 
+def test_each_seed_pretrains_and_reads_out_every_variant_then_its_control(tmp_path, monkeypatch):
+    """The study's order (seeds outer; the control once per seed, after its last variant) and what each
+    result carries, with several variants: the end-to-end test below runs one. No Ray: the pretraining
+    runs and the controls are fake finished runs as the jobs leave them."""
+    from helpers import fake_pretraining_run
+
+    from jobs.pretraining.job import PretrainResult
+    from jobs.studies import ablate, control
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client, done = MlflowClient(uri), []
+
+    def pretrained(cfg, tracking_uri, storage, experiment):
+        done.append((cfg.train.seed, cfg.variant))
+        exp = client.get_experiment_by_name(experiment).experiment_id
+        run_id = fake_pretraining_run(client, exp, cfg.variant, {"loss": [9.0], "copy_accuracy_replaced": [0.5]})
+        return PretrainResult(run_id, cfg.variant, "", tracking_uri, "FINISHED")
+
+    def made_control(client_, experiment, cfg, seed):
+        done.append((seed, "random_init"))
+        exp = client.get_experiment_by_name(experiment).experiment_id
+        return fake_pretraining_run(client, exp, "random_init", {}, seed=seed)
+
+    monkeypatch.setattr(ablate.pretrain, "run", pretrained)
+    monkeypatch.setattr(control, "random_init_run", made_control)
+    study = main(["--variants", "cocolm,rtd_only", "--pretraining-seeds", "2", "--tracking-uri", uri,
+                  "--represent-pairs", "0", "--probe-pairs", "0"])
+    order = [(0, "cocolm"), (0, "rtd_only"), (0, "random_init"), (1, "cocolm"), (1, "rtd_only"), (1, "random_init")]
+    assert done == order
+    assert [(v.seed, v.variant) for v in study.variants] == order
+    assert [v.pretraining_status for v in study.variants] == ["FINISHED", "FINISHED", "CONTROL"] * 2
+    for v in study.variants:  # each run tagged with its seed and the gate's verdict
+        tags = client.get_run(v.pretraining_run).data.tags
+        assert tags["pretraining_seed"] == str(v.seed) and tags["cocolm.gate"] == v.gate != ""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_local, tokenizer_dir, tmp_path,
-                                                                           monkeypatch, capsys):
-    """Two variants, two pretraining seeds and the random-init control per seed; the first invocation is
-    stopped (as by Ctrl-C) while probing the second seed's first run, the second one finishes the study:
-    nothing that finished (pretraining, [CLS] cosines, probes, sweeps, controls) is done twice."""
+def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_local, tokenizer_dir, small_corpus,
+                                                                           tmp_path, monkeypatch, capsys):
+    """One variant, two pretraining seeds and the random-init control per seed; the first invocation is
+    stopped (as by Ctrl-C) while probing the second seed's run, the second one finishes the study:
+    nothing that finished (pretraining, [CLS] cosines, probes, sweeps, controls) is done twice.
+
+    The smallest study that has each kind of work both done before the stop and left to do after it: a
+    whole seed (its run and its control, every readout and sweep), a run stopped between its readouts
+    (pretraining and [CLS] cosines done, probe and sweep not) and a control never made. A second
+    variant would only repeat the first; that a variant training no language-model head exports none
+    (rtd_only here before) is tests/test_variants.py::test_only_the_variants_that_train_a_language_model_head_keep_one."""
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     grid = tmp_path / "one_point.yaml"
     grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
                     "tasks: {default: t}\n")
-    argv = ["--preset", "tiny", "--variants", "cocolm,rtd_only", "--pretraining-seeds", "2", "--tracking-uri", uri,
+    argv = ["--preset", "tiny", "--variants", "cocolm", "--pretraining-seeds", "2", "--tracking-uri", uri,
             "--tasks", "snli", "--grid", str(grid), "--seeds", "1", "--max-train", "48", "--max-dev", "16",
             "--represent-pairs", "20", "--probe-pairs", "60",
-            "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", "train.max_steps=10",
-            "--set", "train.warmup_steps=2", "--set", "train.log_every=5"]
+            "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", f"data.paths=[{str(small_corpus)!r}]",
+            "--set", "train.max_steps=10", "--set", "train.warmup_steps=2", "--set", "train.log_every=5"]
     real_probe, probed = probe.analyse_run, []
 
     def interrupted(client, run_id, task, *args, **kwargs):
-        if len(probed) == 3:  # seed 0's two variants and its control are probed; seed 1's first run is not
+        if len(probed) == 2:  # seed 0's run and its control are probed; seed 1's run is not
             raise KeyboardInterrupt
         probed.append(run_id)
         return real_probe(client, run_id, task, *args, **kwargs)
@@ -62,30 +104,30 @@ def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_l
     exp = client.get_experiment_by_name("ablation-tiny").experiment_id
     pretraining = client.search_runs([exp], filter_string="tags.kind = 'pretraining'")
     assert sorted((r.data.tags["variant"], r.data.tags["pretraining_seed"]) for r in pretraining) == [
-        ("cocolm", "0"), ("cocolm", "1"), ("random_init", "0"), ("rtd_only", "0")]
+        ("cocolm", "0"), ("cocolm", "1"), ("random_init", "0")]
     first_runs = {r.info.run_id for r in pretraining}
-    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 3  # seed 0 and control
+    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 2  # seed 0 and control
 
     study = main(argv)
     by_key = {(v.variant, v.seed): v for v in study.variants}
-    assert sorted(by_key) == [("cocolm", 0), ("cocolm", 1), ("random_init", 0), ("random_init", 1), ("rtd_only", 0),
-                              ("rtd_only", 1)]
-    for key in (("cocolm", 0), ("rtd_only", 0), ("random_init", 0)):  # seed 0: everything was done before
+    assert sorted(by_key) == [("cocolm", 0), ("cocolm", 1), ("random_init", 0), ("random_init", 1)]
+    for key in (("cocolm", 0), ("random_init", 0)):  # seed 0: everything was done before
         assert (by_key[key].sweep_status, by_key[key].represent_status) == ("ALREADY_FINISHED",) * 2
         assert by_key[key].pretraining_status in ("ALREADY_FINISHED", "CONTROL")
     assert by_key[("cocolm", 1)].pretraining_status == "ALREADY_FINISHED"
     assert by_key[("cocolm", 1)].represent_status == "ALREADY_FINISHED"  # read out before the stop: kept
     assert by_key[("cocolm", 1)].sweep_status == "FINISHED"
+    assert by_key[("random_init", 1)].sweep_status == "FINISHED"  # the control the stop left unmade
     pretraining = client.search_runs([exp], filter_string="tags.kind = 'pretraining'")
-    assert len(pretraining) == 6 and first_runs <= {r.info.run_id for r in pretraining}
-    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 6  # one per run
+    assert len(pretraining) == 4 and first_runs <= {r.info.run_id for r in pretraining}
+    assert len(client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")) == 4  # one per run
     for r in pretraining:  # each readout logged once: one value in every history
         assert len(client.get_metric_history(r.info.run_id, "probe/cls_test_accuracy")) == 1
         assert len(client.get_metric_history(r.info.run_id, "represent/random_cosine_mean")) == 1
         gate = r.data.tags["cocolm.gate"]  # 10 steps train nothing: every variant's run fails the gate, and says why
         assert gate == "control" if r.data.tags["variant"] == "random_init" else gate.startswith("failed: ")
         exported = {a.path for a in client.list_artifacts(r.info.run_id, "encoder")}
-        # The CLM head travels with cocolm's encoder for prompt-based fine-tuning; rtd_only trains none.
+        # The CLM head travels with cocolm's encoder for prompt-based fine-tuning; the control has none.
         assert ("encoder/lm_head.safetensors" in exported) == (r.data.tags["variant"] == "cocolm")
     sweeps = client.search_runs([exp], filter_string="tags.kind = 'finetuning-sweep'")
     assert {r.data.tags["cocolm.pretraining_run"] for r in sweeps} == {r.info.run_id for r in pretraining}
@@ -98,7 +140,7 @@ def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_l
 
     again = main(argv)  # a finished study: nothing runs
     assert {(v.sweep_status, v.represent_status) for v in again.variants} == {("ALREADY_FINISHED",) * 2}
-    assert len(client.search_runs([exp], filter_string="tags.kind = 'pretraining'")) == 6
+    assert len(client.search_runs([exp], filter_string="tags.kind = 'pretraining'")) == 4
 
 
 def test_pretraining_seeds_set_both_seeds_and_refuse_a_pinned_one():

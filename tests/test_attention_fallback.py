@@ -2,10 +2,10 @@
 kernel variants compiled before step 1, and what ran, as the pretraining job logs it (docs/design.md 7.2).
 
 The kernel tests run the real kernels under Triton's interpreter, which only TRITON_INTERPRET=1 set before
-triton is first imported switches on: each `interpreted` test runs in a child pytest started so (as
-tests/test_triton_attention.py explains), the probe made to run on the CPU (`PROBED_DEVICE_TYPES`), and a
-failure injected into the kernel's entry (`model.kernels.attention._forward` or `_backward`) at one
-sequence length: the crop's, while the block's length keeps the kernel.
+triton is first imported switches on: the `interpreted` tests run, all together, in one child pytest
+started so (as tests/test_triton_attention.py explains), the probe made to run on the CPU
+(`PROBED_DEVICE_TYPES`), and a failure injected into the kernel's entry (`model.kernels.attention._forward`
+or `_backward`) at one sequence length: the crop's, while the block's length keeps the kernel.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
@@ -45,29 +47,55 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SEQ_LEN, CROP = 32, 28  # the block and its crop (crop fraction 0.9); the failure is injected at the crop
 
 
+INTERPRETED_TESTS: list[str] = []  # names of the tests that run the kernels, for the child's command line
+
+
 @functools.cache
-def child_outcome(name: str) -> tuple[int, str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--noconftest",
-               f"{Path(__file__).resolve()}::{name}"]
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                            capture_output=True, text=True, timeout=900)
-    return result.returncode, (result.stdout + result.stderr)[-4000:]
+def interpreter_child(names: tuple[str, ...]) -> tuple[dict[str, tuple[str, str]], str]:
+    """Runs the interpreted tests `names` (as this session selected them) once, together, in a child pytest
+    with TRITON_INTERPRET=1 (one start of torch and Triton for all, not one per test): (name -> (outcome,
+    details)) from its JUnit report, and the tail of its output."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.xml"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+                   f"--junitxml={report}", *(f"{Path(__file__).resolve()}::{name}" for name in names)]
+        result = subprocess.run(command, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                                capture_output=True, text=True, timeout=900)
+        outcomes = {}
+        if report.exists():
+            for case in ElementTree.parse(report).getroot().iter("testcase"):
+                status, details = "passed", ""
+                for tag in ("failure", "error", "skipped"):
+                    element = case.find(tag)
+                    if element is not None:
+                        status = tag
+                        details = (element.get("message") or "") + "\n" + (element.text or "")
+                outcomes[case.get("name")] = (status, details)
+    return outcomes, (result.stdout + result.stderr)[-4000:]
 
 
 def interpreted(test):
-    """A test of the real kernels: run here under the interpreter, else in a child pytest that has it
-    (every parametrization at once, its outcome reported by each)."""
+    """A test of the real kernels: run here under the interpreter, else in the child pytest that has it
+    (every interpreted test this session selected, at once; each reports its own outcome there)."""
+    INTERPRETED_TESTS.append(test.__name__)
     if INTERPRETED:
         return test
     if importlib.util.find_spec("triton") is None:
         return pytest.mark.skip(reason="triton is not installed (`pip install -e '.[test]'` installs it)")(test)
 
-    def in_the_child(**params):
-        code, log = child_outcome(test.__name__)
-        assert code == 0, f"{test.__name__} failed in the interpreter child (TRITON_INTERPRET=1):\n{log}"
+    def in_the_child(request, **params):
+        node = request.node
+        selected = tuple(item.name for item in node.session.items
+                         if item.module is node.module and getattr(item, "originalname", None) in INTERPRETED_TESTS)
+        outcomes, log = interpreter_child(selected)
+        status, details = outcomes.get(node.name, ("missing", log))
+        if status == "skipped":
+            pytest.skip(f"in the interpreter child: {details.strip()}")
+        assert status == "passed", f"{node.name} {status} in the interpreter child (TRITON_INTERPRET=1):\n{details}"
 
     in_the_child.__name__, in_the_child.__doc__ = test.__name__, test.__doc__
-    in_the_child.__signature__ = inspect.signature(test)
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    in_the_child.__signature__ = inspect.Signature([request, *inspect.signature(test).parameters.values()])
     return in_the_child
 
 

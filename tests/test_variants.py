@@ -14,7 +14,7 @@ from jobs.pretraining.loop import build_training
 from jobs.pretraining.checkpoint import TrainState
 from model import VARIANTS, ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size
 from model.corruption import SpecialTokens
-from model.heads import CopyHead, ElectraDiscriminatorHead
+from model.heads import CLMHead, CopyHead, ElectraDiscriminatorHead, MLMHead
 from model.objective import masked_index, take
 
 SMALL = model_size("tiny", vocab_size=64, hidden_size=48, num_heads=3, ffn_size=96, max_positions=64)
@@ -154,3 +154,20 @@ def test_converged_aux_loads_the_finished_runs_auxiliary_and_freezes_it(tmp_path
         torch.testing.assert_close(value, expected[key], msg=f"aux weight {key} not loaded")
     assert not any(p.requires_grad for p in model.aux.parameters())
     assert model.aux.encoder.embeddings is not model.main.embeddings  # its own embeddings, frozen with it
+
+
+def test_only_the_variants_that_train_a_language_model_head_keep_one():
+    """`lm_head` is what the pretraining job exports next to the encoder (encoder/lm_head.safetensors) for
+    prompt-based fine-tuning: the main encoder's head that the variant's loss trains (cocolm's CLM head,
+    roberta_mlm's MLM head), and None for a variant that trains none (rtd_only, electra): an export never
+    carries an untrained head. tests/test_ablate.py checks cocolm's export through the job; the control's
+    and an export without a head: tests/test_fewshot.py."""
+    for name in VARIANTS:
+        model = build(name)
+        model(batch(), torch.Generator().manual_seed(1)).loss.backward()
+        trained = [head for head in (getattr(model, "clm_head", None), getattr(model, "mlm_head", None))
+                   if head is not None and head.bias.grad is not None and head.bias.grad.abs().sum() > 0]
+        assert (model.lm_head is None) == (not trained), name
+        assert model.lm_head is None or model.lm_head is trained[0], name
+    assert build("rtd_only").lm_head is None and build("electra").lm_head is None
+    assert type(build("cocolm").lm_head) is CLMHead and type(build("roberta_mlm").lm_head) is MLMHead
