@@ -302,6 +302,7 @@ RANGES: dict[str, Range] = {
     "model.pad_token_id": NON_NEGATIVE,
     **{f"objective.{k}": NON_NEGATIVE for k in ("aux_mlm_weight", "copy_weight", "lm_weight", "scl_weight")},
     "objective.scl_temperature": POSITIVE, "objective.aux_unchanged_fraction": PROBABILITY,
+    "objective.cls_cosines_every": AT_LEAST_ONE,
     "data.vocab_size": AT_LEAST_ONE, "data.seq_len": Range(2), "data.mask_rate": OPEN_FRACTION,
     "data.crop_fraction": OPEN_FRACTION, "data.max_record_chars": AT_LEAST_ONE, "data.seed": NON_NEGATIVE,
     "data.pack_batch_docs": AT_LEAST_ONE, "data.batch_size": AT_LEAST_ONE, "data.shuffle_buffer": NON_NEGATIVE,
