@@ -76,6 +76,21 @@ def start_own_ray(num_cpus: float | None, dashboard: bool) -> None:
         private_token_file()  # also when the start fails
     if dashboard:  # the driver's state API (Ray Data's hang detector): this job's dashboard
         OWN_DASHBOARD["url"] = os.environ["RAY_API_SERVER_ADDRESS"] = f"http://{started.dashboard_url}"
+    else:
+        no_hang_detector()
+
+
+def no_hang_detector() -> None:
+    """Keep Ray Data's hang detector off in a driver whose Ray has no dashboard. The detector asks Ray's
+    state API about a slow task with no address; without RAY_API_SERVER_ADDRESS or RAY_ADDRESS that API
+    takes the Ray that `ray start` recorded in /tmp/ray, or the one GCS process it finds on the machine,
+    maybe another user's, and sends it this job's token (`ray.dashboard.utils.
+    get_address_for_submission_client`). Ray 2.60 leaves the detector out of its defaults ("enable once
+    it's non-blocking"); this keeps it out if a later Ray or a user's DataContext turns it on."""
+    from ray.data._internal.issue_detection.detectors import HangingExecutionIssueDetector
+
+    config = ray.data.DataContext.get_current().issue_detectors_config
+    config.detectors = [d for d in config.detectors if d is not HangingExecutionIssueDetector]
 
 
 

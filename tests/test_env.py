@@ -243,13 +243,21 @@ def test_a_job_started_directly_never_joins_the_ray_that_ray_start_left_running(
                         "--include-dashboard=false", "--disable-usage-stats"], env=env, check=True, capture_output=True,
                        timeout=180)
         theirs = (Path(folder) / "ray" / "ray_current_cluster").read_text().strip()
-        code = ("import ray\nfrom jobs.ray_session import init_ray\ninit_ray(num_cpus=1)\n"
-                "print('gcs', ray.get_runtime_context().gcs_address)\nray.shutdown()\n")
+        # Ray Data's hang detector, turned on as a user's DataContext (or a later Ray) may: in a job with no
+        # dashboard its state API query would go to the recorded Ray, theirs, with this job's token
+        code = ("import ray, ray.data\nfrom ray.data._internal.issue_detection.detectors import "
+                "HangingExecutionIssueDetector as H\n"
+                "ray.data.DataContext.get_current().issue_detectors_config.detectors.append(H)\n"
+                "from jobs.ray_session import init_ray\ninit_ray(num_cpus=1)\n"
+                "print('gcs', ray.get_runtime_context().gcs_address)\n"
+                "print('hang detector', H in ray.data.DataContext.get_current().issue_detectors_config.detectors)\n"
+                "ray.shutdown()\n")
         env.pop("RAY_AUTH_MODE")  # a job run directly, from a user's usual shell
         out, _ = _own_process(code, env).communicate(timeout=240)
         ours = next((line.split()[1] for line in out.splitlines() if line.startswith("gcs ")), None)
         assert ours and ours != theirs, out[-3000:]
         assert "Connecting to existing Ray cluster" not in out
+        assert "hang detector False" in out, out[-3000:]
     finally:
         _stop_processes_under(folder)
         shutil.rmtree(folder, ignore_errors=True)
