@@ -54,6 +54,7 @@ from jobs.studies.gate import CRITERIA, gate
 HOLDS, FAILS, NEGLIGIBLE, INCONCLUSIVE = "holds", "does not hold", "negligible", "inconclusive"
 NO_VARIATION = "no variation over runs: not evidence"
 FEW_RUNS, RECIPE_FAILED = "not enough pretraining runs", "recipe failed"
+UNFINISHED = ("RUNNING", "SCHEDULED", "KILLED")  # MLflow statuses of a run that has not ended (KILLED: stopped, resumable)
 NOT_COMPARABLE, NOT_MEASURED = "not comparable", "not measured"
 FIRM = (HOLDS, FAILS, NEGLIGIBLE)  # the verdicts that say something about the paper
 MIN_RUNS = 4
@@ -221,12 +222,18 @@ class Study:
         counted = mine[mine["counts"]]
         if len(counted) >= MIN_RUNS:
             return counted
-        failed = mine[~mine["counts"]]
+        # A run still going, or stopped to be resumed, says nothing about the recipe: only a run that ended
+        # (FINISHED, or FAILED: a crash or a divergence) can fail the gate.
+        status = mine["status"] if "status" in mine else pd.Series("FINISHED", index=mine.index)
+        unfinished = status.astype(str).isin(UNFINISHED) & ~mine["counts"]
+        failed = mine[~mine["counts"] & ~unfinished]
+        still = f"; {int(unfinished.sum())} not finished" if unfinished.any() else ""
         if len(failed):
             reasons = pd.Series([f for fs in failed["failed"] for f in fs]).value_counts()
-            return (f"{RECIPE_FAILED} for {variant} ({len(counted)} of {len(mine)} runs trained: "
-                    + "; ".join(f"{reason} failed in {n}" for reason, n in reasons.items()) + ")")
-        return f"{FEW_RUNS} ({variant}: {len(counted)}, at least {MIN_RUNS})"
+            return (f"{RECIPE_FAILED} for {variant} ({len(counted)} of {len(mine) - int(unfinished.sum())} runs "
+                    f"trained: " + "; ".join(f"{reason} failed in {n}" for reason, n in reasons.items())
+                    + still + ")")
+        return f"{FEW_RUNS} ({variant}: {len(counted)}, at least {MIN_RUNS}{still})"
 
     def groups(self, *variants: str) -> list[pd.DataFrame] | str:
         """The variants' counted runs when they can be compared (one preset, one budget), else why not."""

@@ -303,3 +303,20 @@ def test_missing_runs_are_not_measured_with_the_reason():
     claims = judge(runs(cocolm={}), EMPTY_HISTORY, scores([]))
     assert verdict(claims, "random-pair [CLS] cosine is lower for COCO-LM than for ELECTRA") == \
         "not measured: no electra pretraining run in the study"
+
+
+def test_a_run_not_finished_is_never_a_recipe_failure():
+    """A study stopped halfway (to be resumed) leaves a run KILLED or RUNNING: that says nothing about the
+    recipe. Three trained runs and one stopped: not enough runs yet, naming the stopped one; a run that
+    ended and failed the gate still makes it a recipe failure."""
+    study = runs(cocolm={}, electra=[{}, {}, {}, {}])
+    study.loc[study["run_id"] == "run-electra-3", "status"] = "KILLED"
+    assert verdict(judge(study, EMPTY_HISTORY, scores([])), TABLE1_ROW) == (
+        f"{FEW_RUNS} (electra: 3, at least {MIN_RUNS}; 1 not finished)")
+    study = runs(cocolm={}, electra=[{}, {}, {"copy_accuracy_replaced": 0.0}, {}])
+    study.loc[study["run_id"] == "run-electra-3", "status"] = "RUNNING"
+    assert verdict(judge(study, EMPTY_HISTORY, scores([])), TABLE1_ROW) == (
+        f"{RECIPE_FAILED} for electra (2 of 3 runs trained: replaced tokens found failed in 1; 1 not finished)")
+    study.loc[study["run_id"] == "run-electra-3", "status"] = "FAILED"  # a crash is the recipe's
+    assert verdict(judge(study, EMPTY_HISTORY, scores([])), TABLE1_ROW).startswith(
+        f"{RECIPE_FAILED} for electra (2 of 4 runs trained: ")
