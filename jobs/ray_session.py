@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ray
 import ray.data
+from ray.data._internal.issue_detection.detectors import HangingExecutionIssueDetector
 
 from jobs.env import set_hermetic_env
 
@@ -87,8 +88,6 @@ def no_hang_detector() -> None:
     maybe another user's, and sends it this job's token (`ray.dashboard.utils.
     get_address_for_submission_client`). Ray 2.60 leaves the detector out of its defaults ("enable once
     it's non-blocking"); this keeps it out if a later Ray or a user's DataContext turns it on."""
-    from ray.data._internal.issue_detection.detectors import HangingExecutionIssueDetector
-
     config = ray.data.DataContext.get_current().issue_detectors_config
     config.detectors = [d for d in config.detectors if d is not HangingExecutionIssueDetector]
 
