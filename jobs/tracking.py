@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -296,17 +297,31 @@ def _release_lock(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def end_run(client: MlflowClient, run_id: str, ok: bool) -> None:
-    client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED))
+STOPPING = threading.Event()
+"""Set by a command that is being stopped (Ctrl-C, SIGTERM) before it stops the runs its other threads
+hold (jobs.studies.ablate shuts its Ray down under them): their errors then mean "stopped", not
+"broken", and the gate must not count such a run against the recipe (analysis.claims.UNFINISHED)."""
+
+
+def end_run(client: MlflowClient, run_id: str, ok: bool, stopped: bool = False) -> None:
+    status = RunStatus.FINISHED if ok else RunStatus.KILLED if stopped else RunStatus.FAILED
+    client.set_terminated(run_id, status=RunStatus.to_string(status))
+
+
+def was_stopped(error: BaseException) -> bool:
+    """Ctrl-C (KeyboardInterrupt), a SIGTERM (Ray's driver handler turns it into SystemExit), or an error
+    in a run whose command is stopping (STOPPING)."""
+    return isinstance(error, (KeyboardInterrupt, SystemExit)) or STOPPING.is_set()
 
 
 @contextlib.contextmanager
 def ending_run(client: MlflowClient, run_id: str):
-    """Marks the run FINISHED when the block succeeds, FAILED on any exception (Ctrl-C too), and re-raises."""
+    """Marks the run FINISHED when the block succeeds, KILLED when the command was stopped (`was_stopped`),
+    FAILED on any other exception, and re-raises."""
     try:
         yield
-    except BaseException:
-        end_run(client, run_id, ok=False)
+    except BaseException as error:
+        end_run(client, run_id, ok=False, stopped=was_stopped(error))
         raise
     end_run(client, run_id, ok=True)
 

@@ -155,7 +155,7 @@ def test_an_interrupted_sweep_resumes_its_parent_and_runs_only_the_missing_trial
     monkeypatch.delenv(faults.ENV)
     experiment = client.get_experiment_by_name("finetuning").experiment_id
     [parent] = client.search_runs([experiment], filter_string="tags.kind = 'finetuning-sweep'")
-    assert parent.info.status == "FAILED"
+    assert parent.info.status == "KILLED"  # stopped, not broken
     first = _children(client, parent)
     finished = [c for c in first if c.info.status == "FINISHED"]
     assert 1 <= len(finished) < 3 and all(c.info.status in ("FINISHED", "KILLED") for c in first)

@@ -221,3 +221,43 @@ def test_the_store_and_checkpoint_folders_are_owner_only_when_made_not_after(tmp
               tmp_path / "checkpoints", tmp_path / "checkpoints" / "mine")}
     assert modes == {"new": 0o700, "new/store": 0o700, "new/store/mlflow.db": 0o600, "checkpoints": 0o700,
                      "checkpoints/mine": 0o700}
+
+
+@pytest.mark.parametrize("error, status", [
+    (KeyboardInterrupt(), "KILLED"),  # Ctrl-C
+    (SystemExit(15), "KILLED"),  # a SIGTERM: Ray's driver handler raises SystemExit
+    (RuntimeError("a worker died"), "FAILED"),  # a crash is the recipe's, or the code's
+])
+def test_a_stopped_run_ends_killed_and_a_broken_one_failed(tmp_path, error, status):
+    """Issue 33: the gate counts a FAILED pretraining run against its recipe and leaves a KILLED one out
+    (analysis.claims.UNFINISHED), so a study stopped with Ctrl-C or SIGTERM must leave its runs KILLED."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.tracking import ending_run
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    with pytest.raises(type(error)), ending_run(client, run_id):
+        raise error
+    assert client.get_run(run_id).info.status == status
+
+
+def test_a_run_broken_by_its_command_stopping_ends_killed(tmp_path):
+    """jobs.studies.ablate, stopped, shuts its Ray down under the runs of its other threads: the Ray error
+    they then end with is the stop, not the recipe (tracking.STOPPING)."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs import tracking
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("e")
+    run_ids = [client.create_run(experiment).info.run_id for _ in range(2)]
+    try:
+        with pytest.raises(RuntimeError), tracking.ending_run(client, run_ids[0]):
+            raise RuntimeError("ray is not running")
+        tracking.STOPPING.set()
+        with pytest.raises(RuntimeError), tracking.ending_run(client, run_ids[1]):
+            raise RuntimeError("ray is not running")
+    finally:
+        tracking.STOPPING.clear()
+    assert [client.get_run(r).info.status for r in run_ids] == ["FAILED", "KILLED"]

@@ -204,6 +204,7 @@ def _run_units(study: _Study, units: list[tuple[int, str, PretrainConfig]], conc
     try:
         return [future.result() for future in futures]
     except BaseException:
+        tracking.STOPPING.set()  # the runs Ray's shutdown breaks under the other threads end KILLED, not FAILED
         pool.shutdown(wait=False, cancel_futures=True)
         ray.shutdown()
         raise
