@@ -17,7 +17,7 @@ finished sweep) and writes:
     representation.{csv,md}     the representation summary metrics per variant (idem)
     claims.md                   the gate table (runs that trained), the rules, and the paper's directional
                                 claims judged over pretraining runs (analysis/claims.py); also printed
-    runs.{csv,md}               one row per pretraining run: seed, gate verdict, metrics, readouts
+    runs.{csv,md}               one row per pretraining run: seed, minutes, gate verdict, metrics, readouts
     pretraining_metrics.{csv,md} last pretraining metrics per variant: the ones comparable across
                                 variants first (jobs.names.COMPARABLE_METRICS), `loss` last
 
@@ -337,6 +337,7 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
         return []
     gated = with_gate(runs)
     table = gated[["preset", "variant", "seed", "run_id", "status", "gate"]].copy()
+    table.insert(5, "minutes", run_minutes(gated))
     for key in RUN_METRICS:
         if f"metrics.{key}" in gated:
             table[key] = gated[f"metrics.{key}"].astype(float)
@@ -344,10 +345,18 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
     table = table.merge(finetuning[["run_id", *tasks]], on="run_id", how="left")
     table = table.sort_values(["preset", "variant", "seed"], kind="stable")
     table.to_csv(out / "runs.csv", index=False)
-    (out / "runs.md").write_text("Pretraining runs, one row each (the unit of replication): the gate's verdict "
+    (out / "runs.md").write_text("Pretraining runs, one row each (the unit of replication): minutes from the "
+                                 "run's first start to its end (a resumed run counts the pause), the gate's verdict "
                                  "(jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
                                  "seeds (x1)\n\n" + plain_markdown(table))
     return [out / "runs.csv", out / "runs.md"]
+
+
+def run_minutes(runs: pd.DataFrame) -> pd.Series:
+    """Minutes from each run's start to its end in the tracking store; missing for a run not ended."""
+    if "end_time" not in runs:
+        return pd.Series(np.nan, index=runs.index)
+    return (runs["end_time"].astype(float) - runs["start_time"].astype(float)) / 60_000
 
 
 def plain_markdown(df: pd.DataFrame) -> str:

@@ -57,10 +57,11 @@ def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
                      "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
                      "variant": tags.get("variant", ""),
                      "seed": str(tags.get(PRETRAINING_SEED_TAG, params.get("train.seed", ""))),
-                     "status": run.info.status, "start_time": run.info.start_time, "stopped": tags.get(STOP_TAG, ""),
+                     "status": run.info.status, "start_time": run.info.start_time, "end_time": run.info.end_time,
+                     "stopped": tags.get(STOP_TAG, ""),
                      **{f"params.{p}": params.get(p) for p in (*BUDGET_PARAMS, *SEED_PARAMS, *GATE_PARAMS)},
                      **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
-    columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "seed", "status", "start_time"]
+    columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "seed", "status", "start_time", "end_time"]
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
     return df.sort_values("start_time", kind="stable").reset_index(drop=True)
 

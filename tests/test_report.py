@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
-from jobs.names import best_task_metric
+from jobs.names import KIND_PRETRAINING, KIND_TAG, PRETRAINING_SEED_TAG, best_task_metric
 from jobs.runs import latest_per_seed, pretraining_runs
 from jobs.tracking import experiment_id
 from helpers import fake_pretraining_run, fake_sweep_run
@@ -77,6 +77,22 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     per_run = pd.read_csv(tmp_path / "out" / "runs.csv").set_index("variant")  # one row per pretraining run
     assert per_run.loc["rtd_only", "gate"] == "trained" and per_run.loc["rtd_only", "SNLI"] == pytest.approx(0.75)
 
+
+
+def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(store, tmp_path):
+    """The time a study took, run by run (issue 33: commit the time taken): start to end in the store."""
+    uri, client, runs = store
+    exp = client.get_run(runs["cocolm"]).info.experiment_id
+    tags = {KIND_TAG: KIND_PRETRAINING, "preset": "tiny", "variant": "electra"}
+    timed = client.create_run(exp, start_time=1_000_000, tags={**tags, PRETRAINING_SEED_TAG: "0"}).info.run_id
+    client.set_terminated(timed, end_time=1_000_000 + 90_000)
+    live = client.create_run(exp, tags={**tags, PRETRAINING_SEED_TAG: "1"}).info.run_id  # still RUNNING
+    build(client, "ablation-tiny", tmp_path / "out")
+    per_run = pd.read_csv(tmp_path / "out" / "runs.csv").set_index("run_id")
+    assert per_run.loc[timed, "minutes"] == pytest.approx(1.5)
+    assert np.isnan(per_run.loc[live, "minutes"])  # not ended: missing, never 0 or negative
+    assert (per_run.loc[list(runs.values()), "minutes"] >= 0).all()
+    assert "| minutes |" in (tmp_path / "out" / "runs.md").read_text()
 
 def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):
     uri, client, runs = store
