@@ -197,6 +197,7 @@ def _run_units(study: _Study, units: list[tuple[int, str, PretrainConfig]], conc
     """Every unit's result, in order. One at a time in this thread (Ray Train's and Tune's Ctrl-C handling
     work only there); K at once in threads, where a failure or Ctrl-C starts no new unit and shuts Ray
     down, which stops the runs going (their checkpoints and finished readouts stay: the command resumes)."""
+    tracking.STOPPING.clear()  # a study that starts is not stopping (one before it in this process may have)
     if concurrent == 1:
         return [study.unit(i, len(units), *unit) for i, unit in enumerate(units, 1)]
     pool = ThreadPoolExecutor(concurrent, thread_name_prefix="ablate")
