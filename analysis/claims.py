@@ -224,8 +224,7 @@ class Study:
             return counted
         # A run still going, or stopped to be resumed, says nothing about the recipe: only a run that ended
         # (FINISHED, or FAILED: a crash or a divergence) can fail the gate.
-        status = mine["status"] if "status" in mine else pd.Series("FINISHED", index=mine.index)
-        unfinished = status.astype(str).isin(UNFINISHED) & ~mine["counts"]
+        unfinished = mine["status"].isin(UNFINISHED)  # the gate never counts such a run
         failed = mine[~mine["counts"] & ~unfinished]
         still = f"; {int(unfinished.sum())} not finished" if unfinished.any() else ""
         if len(failed):

@@ -337,7 +337,8 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
         return []
     gated = with_gate(runs)
     table = gated[["preset", "variant", "seed", "run_id", "status", "gate"]].copy()
-    table.insert(5, "minutes", run_minutes(gated))
+    # minutes from the run's start to its end in the store; missing (NaN) for a run not ended
+    table.insert(5, "minutes", (gated["end_time"].astype(float) - gated["start_time"].astype(float)) / 60_000)
     for key in RUN_METRICS:
         if f"metrics.{key}" in gated:
             table[key] = gated[f"metrics.{key}"].astype(float)
@@ -350,13 +351,6 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
                                  "(jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
                                  "seeds (x1)\n\n" + plain_markdown(table))
     return [out / "runs.csv", out / "runs.md"]
-
-
-def run_minutes(runs: pd.DataFrame) -> pd.Series:
-    """Minutes from each run's start to its end in the tracking store; missing for a run not ended."""
-    if "end_time" not in runs:
-        return pd.Series(np.nan, index=runs.index)
-    return (runs["end_time"].astype(float) - runs["start_time"].astype(float)) / 60_000
 
 
 def plain_markdown(df: pd.DataFrame) -> str:

@@ -182,7 +182,7 @@ def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "jobs.studies.ablate", "--preset", "tiny", "--variants", "cocolm,roberta_mlm",
          "--concurrent-runs", "2", "--no-control", "--represent-pairs", "20", "--probe-pairs", "0",
-         "--tracking-uri", uri, "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", "train.max_steps=120",
+         "--tracking-uri", uri, "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", "train.max_steps=30",
          "--set", "train.warmup_steps=2", "--set", "train.log_every=10"],
         env=env, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -192,8 +192,11 @@ def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("ablation-tiny").experiment_id])
     assert sorted(r.data.tags["variant"] for r in runs) == ["cocolm", "roberta_mlm"]
     assert all(r.info.status == "FINISHED" and r.data.tags["cocolm.gate"] for r in runs)
-    spans = [(min(m.timestamp for m in h), max(m.timestamp for m in h))
+    steps = [(min(m.timestamp for m in h), max(m.timestamp for m in h))
              for h in (client.get_metric_history(r.info.run_id, "loss") for r in runs)]
-    # Their logged steps overlap in time. 120 steps, not 30: at 30 the two runs' logging spans were a few
-    # seconds each, and one run starting 0.2 s late on a loaded machine (CI beside a study) missed the other.
-    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans
+    lives = [(r.info.start_time, r.info.end_time) for r in runs]
+    # Each run logs its steps while the other run is live (run one after the other, neither would). Not
+    # the two step spans against each other: 30 tiny steps log for a few seconds, and on a loaded
+    # machine one run began 0.2 s after the other's last step.
+    for (first, last), (start, end) in ((steps[0], lives[1]), (steps[1], lives[0])):
+        assert first < end and start < last, (steps, lives)

@@ -78,7 +78,6 @@ def test_tables_medians_differences_and_missing_values(store, tmp_path):
     assert per_run.loc["rtd_only", "gate"] == "trained" and per_run.loc["rtd_only", "SNLI"] == pytest.approx(0.75)
 
 
-
 def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(store, tmp_path):
     """The time a study took, run by run (issue 33: commit the time taken): start to end in the store."""
     uri, client, runs = store
@@ -93,6 +92,7 @@ def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(sto
     assert np.isnan(per_run.loc[live, "minutes"])  # not ended: missing, never 0 or negative
     assert (per_run.loc[list(runs.values()), "minutes"] >= 0).all()
     assert "| minutes |" in (tmp_path / "out" / "runs.md").read_text()
+
 
 def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):
     uri, client, runs = store
