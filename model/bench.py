@@ -3,7 +3,7 @@ with --peer, a transformers model doing the same job on the same batch, in the s
 
     python -m model.bench --preset tiny|small|base|base++|large++|study|study-cpu --seq-len L --batch-size B --steps N
         [--variant NAME] [--attention auto|sdpa|flex|triton|reference] [--attention-dropout P] [--compile]
-        [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile]
+        [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile] [--cpu-bf16]
     python -m model.bench --compiles --preset base --seq-len 512    # kernel variants compiled before step 1
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
@@ -203,14 +203,15 @@ def _free(device: torch.device) -> None:
 
 
 def training_step(
-    model: nn.Module, data: dict[str, torch.Tensor], device: torch.device, cuda_graphs: bool = False
+    model: nn.Module, data: dict[str, torch.Tensor], device: torch.device, cuda_graphs: bool = False,
+    bf16_on_cpu: bool = False,
 ) -> Callable[[], None]:
     """The pretraining job's own step (`model.step.TrainingStep`: bf16 autocast, backward, clipping,
     fused AdamW with the paper's settings and schedule) on one fixed batch, for ours and the peers alike."""
     cfg = OptimizerConfig()
     optimizer, scheduler = build_optimizer(model, cfg, device)
     step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.clip_norm,
-                        cuda_graphs=cuda_graphs)
+                        bf16_on_cpu=bf16_on_cpu, cuda_graphs=cuda_graphs)
     step.warm_up(data, model)  # our encoders' attention probed and tuned at the step's shapes, eagerly
     return lambda: step([data])
 
@@ -261,7 +262,7 @@ def run(
     preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, attention: str = "auto", compile: bool = False,
     attention_dropout: float | None = None, profile: bool = False, fixed_shapes: bool = False,
-    compile_step: str = "off",
+    compile_step: str = "off", bf16_on_cpu: bool = False,
 ) -> BenchResult:
     """Our training step for a preset and variant; `compile_step` (a mode of `model.step.compile_step`)
     compiles it whole, in place of `compile`'s layers, and needs `fixed_shapes`."""
@@ -279,7 +280,8 @@ def run(
         compile_encoders(model)
     raw = random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction)
     data = to_device(raw, dev, MASK_RATE if fixed_shapes else None)
-    step = training_step(model, data, dev, cuda_graphs=compile_step == "reduce-overhead" and dev.type == "cuda")
+    step = training_step(model, data, dev, cuda_graphs=compile_step == "reduce-overhead" and dev.type == "cuda",
+                         bf16_on_cpu=bf16_on_cpu)
     flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
     result = time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
     return replace(result, attention=attention_ran(model))
@@ -399,7 +401,7 @@ def peer_step_flops(name: str, model_cfg: ModelConfig, seq_len: int, batch: int,
 def run_peer(
     peer: str, preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, compile: bool = False,
-    attention_dropout: float | None = None, profile: bool = False,
+    attention_dropout: float | None = None, profile: bool = False, bf16_on_cpu: bool = False,
 ) -> BenchResult:
     """The peer's training step on the batch `run` uses for the same arguments (same seed)."""
     dev = _device(device)
@@ -409,7 +411,7 @@ def run_peer(
         for layer in model.layers():  # per layer, as `compile_encoders` does for ours
             layer.compile(dynamic=False)
     data = to_device(random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction), dev)
-    step = training_step(model, data, dev)
+    step = training_step(model, data, dev, bf16_on_cpu=bf16_on_cpu)
     flops = peer_step_flops(peer, model_cfg, seq_len, batch)
     return time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
 
@@ -503,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
                         "hf-electra, then roberta_mlm against hf-roberta, with a summary and the targets")
     parser.add_argument("--profile", action="store_true",
                         help="print torch.profiler's costliest operators of each side after its timing")
+    parser.add_argument("--cpu-bf16", action="store_true",
+                        help="bf16 autocast on a CPU too, both sides (the pretraining job's train.bf16_on_cpu)")
     parser.add_argument("--compiles", action="store_true",
                         help="only count the Triton kernel variants our step compiles before its first step "
                         "(on any device, without running it) and exit")
@@ -518,14 +522,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--compile-step needs --fixed-shapes: the masked-position count would change the shapes")
     peers = list(PEER_VARIANTS) if args.peer == "all" else [args.peer]
     print(f"training step: preset={args.preset} seq_len={args.seq_len} batch_size={args.batch_size} compile={args.compile} "
-          f"fixed_shapes={args.fixed_shapes} compile_step={args.compile_step} "
+          f"fixed_shapes={args.fixed_shapes} compile_step={args.compile_step} cpu_bf16={args.cpu_bf16} "
           f"attention_dropout={model_cfg.attention_dropout} torch={torch.__version__}")
     rows: list[tuple[str, BenchResult]] = []
     for peer_name in peers:
         variant_name = PEER_VARIANTS.get(peer_name) or args.variant
         shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch_size, steps=args.steps,
                       warmup=args.warmup, variant_name=variant_name, device=args.device, compile=args.compile,
-                      attention_dropout=args.attention_dropout, profile=args.profile)
+                      attention_dropout=args.attention_dropout, profile=args.profile, bf16_on_cpu=args.cpu_bf16)
         ours = run(attention=args.attention, fixed_shapes=args.fixed_shapes, compile_step=args.compile_step, **shared)
         _print_side(f"ours ({variant_name})", ours)
         print(_attention_line(args.attention, ours.attention))

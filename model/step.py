@@ -182,7 +182,8 @@ class TrainingStep:
         self, model: Callable[[dict[str, torch.Tensor]], PretrainingOutput | torch.Tensor],
         parameters: Iterable[nn.Parameter], optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None, device: torch.device, *,
-        clip_norm: float, accumulation: int = 1, bf16: bool = True, cuda_graphs: bool = False,
+        clip_norm: float, accumulation: int = 1, bf16: bool = True, bf16_on_cpu: bool = False,
+        cuda_graphs: bool = False,
     ):
         if cuda_graphs and accumulation > 1:
             # CUDA graph trees hand a gradient buffer of one replay to .grad, and the next micro-batch's
@@ -193,8 +194,10 @@ class TrainingStep:
         self.cuda_graphs = cuda_graphs
         self.parameters = [p for p in parameters if p.requires_grad]
         self.clip_norm, self.accumulation = clip_norm, accumulation
-        # bf16 autocast on CUDA only: CPU runs (tests, laptops) stay fp32.
-        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and bf16)
+        # bf16 autocast on CUDA; on a CPU only when asked (`bf16_on_cpu`): tests and laptops stay fp32, while
+        # a CPU with native bf16 dot products (AVX512-BF16, AMX) runs a study-cpu step 1.5x faster so.
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16,
+                                       enabled=bf16 and (device.type == "cuda" or bf16_on_cpu))
         self.device = device
         self._no_sync = getattr(model, "no_sync", None)
         if not all(group.get("fused") for group in optimizer.param_groups):

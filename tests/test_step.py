@@ -109,6 +109,32 @@ def test_a_step_takes_exactly_its_accumulation_of_micro_batches():
         step(batches(1))
 
 
+class Recording(Regression):
+    """Regression that records the dtype its linear layer computed in."""
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.computed_in = self.linear(batch["x"]).dtype
+        return super().forward(batch)
+
+
+@pytest.mark.parametrize("bf16_on_cpu", [False, True])
+def test_a_cpu_step_autocasts_to_bf16_only_when_asked(bf16_on_cpu):
+    """train.bf16_on_cpu: the forward's matrix products in bf16 on a CPU (the study-cpu preset), the
+    weights, gradients and optimizer state fp32 all the same; by default a CPU step is fp32 throughout."""
+    model = Recording()
+    optimizer, scheduler = build_optimizer(model, CFG, torch.device("cpu"))
+    step = TrainingStep(model, model.parameters(), optimizer, scheduler, torch.device("cpu"), clip_norm=1.0,
+                        bf16_on_cpu=bf16_on_cpu)
+    data = batches(1)
+    fp32_loss = Regression()(data[0]).item()
+    result = step(data)
+    assert model.computed_in == (torch.bfloat16 if bf16_on_cpu else torch.float32)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(s.dtype == torch.float32 for p in model.parameters() for s in optimizer.state[p].values()
+               if s.is_floating_point() and s.ndim > 0)
+    assert result.values[0]["loss"].item() == pytest.approx(fp32_loss, rel=2e-2 if bf16_on_cpu else 1e-6)
+
+
 def test_param_groups_decay_weight_matrices_only():
     from model import ObjectiveConfig, build_pretraining_model, model_size
 

@@ -218,7 +218,8 @@ def train_loop_per_worker(config: dict) -> None:
     # The same step `model.bench` times: autocast, backward per micro-batch, clipping, fused AdamW.
     cuda_graphs = cfg.train.compile_step == "reduce-overhead" and device.type == "cuda"
     step = TrainingStep(wrapped, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
-                        accumulation=accumulation, bf16=cfg.train.bf16, cuda_graphs=cuda_graphs)
+                        accumulation=accumulation, bf16=cfg.train.bf16, bf16_on_cpu=cfg.train.bf16_on_cpu,
+                        cuda_graphs=cuda_graphs)
     # Fixed shapes: the masked-position index padded to a count set by the mask rate and the block.
     fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
     logger = Logger(ctx, cfg, rank, world_size, device, model)
