@@ -40,7 +40,7 @@ import pandas as pd
 
 from mlflow.tracking import MlflowClient
 
-from analysis.claims import Claim, claims_markdown, judge, with_gate
+from analysis.claims import Claim, claims_markdown, judge, run_gate, with_gate
 from jobs import tracking
 from jobs.cli import option, parse_options, run_main
 from jobs.env import set_hermetic_env
@@ -50,7 +50,8 @@ from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, 
                         PROBE_METRICS, REPRESENT_ARTIFACT, REPRESENT_METRICS)
 from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_seed, pretraining_runs, sweep_scores,
                        with_fractions)
-from jobs.studies.figures import legend_below, pyplot, representation_figure, run_styles, save
+from jobs.studies.figures import PALETTE, legend_below, pyplot, representation_figure, run_styles, save
+from jobs.studies.gate import CRITERIA, TRAINED
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -67,6 +68,10 @@ CURVE_FIGURES = ((FIG8, "Fig. 8: replaced (solid) vs original (dashed) tokens", 
                  (FIG7, "Fig. 7a/b: cosine of SCL's pairs during pretraining", "fig7_scl_cosine",
                   "mean cosine of the pairs"))  # (panels, title, file name, y label)
 CLAIM_CURVES = ("loss",)  # read by the claims besides the figures' curves (the stop-gradient's stability)
+# The gate's curves: the accuracies it reads (the [CLS] cosine is measured once, after pretraining). Solid: the
+# auxiliary's or the MLM's, dashed: the copy (RTD) head's on replaced tokens.
+GATE_CURVES = {c.name: c for c in CRITERIA if c.above}
+GATE_LINESTYLE = {c.name: "--" if c.needs_param else "-" for c in GATE_CURVES.values()}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -183,6 +188,46 @@ def _curve_panel(ax, hist: pd.DataFrame, labels: dict[str, str], panel_keys: Seq
         ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
 
 
+def gate_curves_figure(runs: pd.DataFrame, hist: pd.DataFrame, path: Path) -> Path | None:
+    """Whether a recipe trains every seed, as curves: a panel per variant (and preset), a line per pretraining
+    run and accuracy the gate checked on it (colour: the run's seed, the same in every panel; solid: the
+    auxiliary's or MLM's accuracy, dashed: replaced tokens found), each bound dotted, and how many of the
+    variant's runs trained in the panel's title. None when no run logged a curve the gate reads."""
+    lines = [(row, GATE_CURVES[name]) for _, row in runs.iterrows() for name in run_gate(row).checked
+             if name in GATE_CURVES]
+    lines = [(row, c) for row, c in lines if ((hist["run_id"] == row["run_id"]) & (hist["key"] == c.metric)).any()]
+    if not lines:
+        return None
+    plt = pyplot()
+    groups = list(dict.fromkeys((row["preset"], row["variant"]) for row, _ in lines))
+    seeds = sorted({str(row.get("seed", "")) for row, _ in lines}, key=lambda s: (len(s), s))  # 2 before 10
+    colour = {seed: PALETTE[i % len(PALETTE)] for i, seed in enumerate(seeds)}
+    columns = min(4, len(groups))
+    fig, axes = plt.subplots(-(-len(groups) // columns), columns, figsize=(4.2 * columns, 3.2 * -(-len(groups) // columns)),
+                             squeeze=False)
+    for ax, (preset, variant) in zip(axes.flat, groups):
+        mine = [(row, c) for row, c in lines if (row["preset"], row["variant"]) == (preset, variant)]
+        for row, c in mine:
+            points = hist[(hist["run_id"] == row["run_id"]) & (hist["key"] == c.metric)].sort_values("step")
+            ax.plot(points["step"], points["value"], GATE_LINESTYLE[c.name], color=colour[str(row.get("seed", ""))],
+                    linewidth=1.2)
+        for bound in {c.bound for _, c in mine}:
+            ax.axhline(bound, color="black", linestyle=":", linewidth=1)
+        of_variant = runs[(runs["preset"] == preset) & (runs["variant"] == variant)]
+        trained = sum(run_gate(row).verdict == TRAINED for _, row in of_variant.iterrows())
+        ax.set(title=f"{variant} ({preset}): {trained} of {len(of_variant)} trained", xlabel="pretraining step",
+               ylabel="accuracy")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    handles = [plt.Line2D([], [], color=colour[s]) for s in seeds]
+    names = [f"seed {s}" if s else "no seed tag" for s in seeds]
+    handles += [plt.Line2D([], [], color="black", linestyle=style) for style in ("-", "--", ":")]
+    names += ["auxiliary / MLM accuracy", "replaced tokens found", "the gate's bound"]
+    return save(fig, "The gate's curves: each pretraining run, the bounds it must pass at its last interval", path,
+                bottom=legend_below(fig, handles, names))
+
+
 def _differing_words(first: str, second: str) -> list[str]:
     """'copy_accuracy_replaced', 'copy_accuracy_original' -> ['replaced', 'original']."""
     a, b = first.split("_"), second.split("_")
@@ -268,12 +313,15 @@ def build(client, experiment: str | None, out: Path) -> Report:
         (out / f"{name}.md").write_text(f"{title}\n\n" + score_markdown(df, with_diffs=diffs))
         files += [out / f"{name}.csv", out / f"{name}.md"]
     labels = {row["run_id"]: _label(row) for _, row in runs.iterrows()}
-    keys = [*(k for panel in (*FIG8, *FIG7) for k in panel[1:]), *CLAIM_CURVES]  # every curve the claims read too
+    keys = [*(k for panel in (*FIG8, *FIG7) for k in panel[1:]), *CLAIM_CURVES,  # every curve the claims read too
+            *(c.metric for c in GATE_CURVES.values())]
     hist = histories(client, list(labels), keys)
     styles = run_styles(labels)  # one colour and marker per run, in every figure
     for panels, title, name, ylabel in CURVE_FIGURES:
         made = curves_figure(hist, labels, panels, title, out / f"{name}.png", ylabel, styles)
         files += [made] if made else []
+    made = gate_curves_figure(runs, hist, out / "gate_curves.png")
+    files += [made] if made else []
     pairs = represent_pairs(client, runs)
     files += _representation(runs, pairs, out)
     files += _label_fractions(runs, scores, out, styles)

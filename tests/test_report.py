@@ -242,3 +242,39 @@ def test_curves_of_13_variants_each_keep_one_distinct_colour_and_marker_in_every
     assert sorted(looks) == sorted(labels.values()) and all(len(look) == 1 for look in looks.values())
     assert len({next(iter(look)) for look in looks.values()}) == 13  # no two variants look alike
     assert len({next(iter(look))[0] for look in looks.values()}) == 13  # not even by colour alone
+
+
+def test_the_gate_curves_show_every_run_of_a_variant_its_bounds_and_how_many_trained(tmp_path, monkeypatch):
+    """gate_curves.png: a panel per variant (none for the control), a line per run and gated accuracy in its
+    seed's colour, the bounds dotted, "k of n trained" in the title, from the same rules as the gate table."""
+    import analysis.report as report
+    from jobs.studies.gate import PLATEAU_BOUND
+
+    def run(variant, seed, aux, copy=None):
+        metrics = {"metrics.aux_mlm_accuracy": aux, "metrics.represent/random_cosine_mean": 0.9}
+        if copy is not None:
+            metrics["metrics.copy_accuracy_replaced"] = copy
+        return {"run_id": f"{variant}-{seed}", "preset": "p", "variant": variant, "seed": str(seed),
+                "status": "FINISHED", "params.objective.use_copy_loss": str(copy is not None), **metrics}
+
+    runs = pd.DataFrame([run("cocolm", 0, 0.12, 0.10), run("cocolm", 1, 0.12, 0.02), run("electra", 0, 0.03),
+                         run("electra", 1, 0.11), {"run_id": "control-0", "preset": "p", "variant": "random_init",
+                                                   "seed": "0", "status": "FINISHED"}])
+    last = {f"{r['run_id']}|{k.removeprefix('metrics.')}": v for _, r in runs.iterrows() for k, v in r.items()
+            if k.startswith("metrics.") and pd.notna(v)}
+    hist = pd.DataFrame([{"run_id": key.split("|")[0], "key": key.split("|")[1], "step": s, "value": v * s / 100}
+                         for key, v in last.items() for s in (50, 100)])
+    drawn = {}
+    monkeypatch.setattr(report, "save", lambda fig, title, path, bottom=0.0: drawn.setdefault("fig", fig))
+    report.gate_curves_figure(runs, hist, tmp_path / "g.png")
+    panels = {ax.get_title(): ax for ax in drawn["fig"].axes if ax.get_visible()}
+    assert sorted(panels) == ["cocolm (p): 1 of 2 trained", "electra (p): 1 of 2 trained"]  # no control panel
+    cocolm, electra = panels["cocolm (p): 1 of 2 trained"], panels["electra (p): 1 of 2 trained"]
+    curves = lambda ax: [line.get_linestyle() for line in ax.lines if line.get_linestyle() != ":"]
+    assert sorted(curves(cocolm)) == ["-", "-", "--", "--"]  # 2 runs x (aux, copy)
+    bounds = sorted(line.get_ydata()[0] for line in cocolm.lines if line.get_linestyle() == ":")
+    assert bounds == [0.05, PLATEAU_BOUND]
+    assert curves(electra) == ["-", "-"]  # electra here logs no copy accuracy
+    colours = lambda ax: {line.get_color() for line in ax.lines if line.get_linestyle() == "-"}
+    assert colours(cocolm) == colours(electra) and len(colours(cocolm)) == 2  # one colour a seed, in every panel
+    assert report.gate_curves_figure(runs, hist[hist["key"] == "loss"], tmp_path / "none.png") is None
