@@ -203,8 +203,8 @@ def gate_curves_figure(runs: pd.DataFrame, hist: pd.DataFrame, path: Path) -> Pa
     seeds = sorted({str(row.get("seed", "")) for row, _ in lines}, key=lambda s: (len(s), s))  # 2 before 10
     colour = {seed: PALETTE[i % len(PALETTE)] for i, seed in enumerate(seeds)}
     columns = min(4, len(groups))
-    fig, axes = plt.subplots(-(-len(groups) // columns), columns, figsize=(4.2 * columns, 3.2 * -(-len(groups) // columns)),
-                             squeeze=False)
+    rows = -(-len(groups) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
     for ax, (preset, variant) in zip(axes.flat, groups):
         mine = [(row, c) for row, c in lines if (row["preset"], row["variant"]) == (preset, variant)]
         for row, c in mine:

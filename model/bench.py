@@ -3,7 +3,8 @@ with --peer, a transformers model doing the same job on the same batch, in the s
 
     python -m model.bench --preset tiny|small|base|base++|large++|study|study-cpu --seq-len L --batch-size B --steps N
         [--variant NAME] [--attention auto|sdpa|flex|triton|reference] [--attention-dropout P] [--compile]
-        [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile] [--cpu-bf16]
+        [--fixed-shapes [--compile-step default|reduce-overhead]] [--peer hf-electra|hf-roberta|all] [--profile]
+        [--cpu-bf16]
     python -m model.bench --compiles --preset base --seq-len 512    # kernel variants compiled before step 1
 
 Prints tokens/s, step time, peak memory, model FLOPs per step and, on a GPU, MFU against the
