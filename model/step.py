@@ -102,6 +102,14 @@ def build_optimizer(
 STEP_COMPILE_MODES = ("off", "default", "reduce-overhead")
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX tiles), where `train.bf16_on_cpu` pays;
+    elsewhere oneDNN emulates bf16 and the step runs slower than in fp32. torch's probes are private, so a
+    torch without them answers False (the job then only warns)."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
 def compile_step(model: nn.Module, mode: str, backend: str = "inductor") -> None:
     """`torch.compile` the whole pretraining forward in place, as one graph (`fullgraph=True`): both
     encoders, the sampling, the heads and the losses; the backward follows through AOT autograd. Needs

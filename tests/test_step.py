@@ -135,6 +135,19 @@ def test_a_cpu_step_autocasts_to_bf16_only_when_asked(bf16_on_cpu):
     assert result.values[0]["loss"].item() == pytest.approx(fp32_loss, rel=2e-2 if bf16_on_cpu else 1e-6)
 
 
+def test_native_bf16_is_read_from_torchs_cpu_probes(monkeypatch):
+    """The job warns where train.bf16_on_cpu would run slower (no AVX512-BF16, no AMX); a torch without the
+    private probes counts as no native bf16, never as an error."""
+    for avx512_bf16, amx, native in ((True, False, True), (False, True, True), (False, False, False)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert step_module.cpu_has_native_bf16() is native
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert step_module.cpu_has_native_bf16() is False
+    assert "cpu_has_native_bf16()" in (ROOT / "jobs" / "pretraining" / "loop.py").read_text()  # the job asks
+
+
 def test_param_groups_decay_weight_matrices_only():
     from model import ObjectiveConfig, build_pretraining_model, model_size
 

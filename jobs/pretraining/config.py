@@ -45,7 +45,7 @@ class TrainConfig(OptimizerConfig):
     bf16: bool = True  # autocast on GPU; CPU runs fp32 unless bf16_on_cpu
     bf16_on_cpu: bool = False  # autocast to bf16 on a CPU as well: a study-cpu step 1.5x faster on a CPU with
     #                            AVX512-BF16 (`model.bench --cpu-bf16`); off by default, as a CPU without
-    #                            native bf16 would run slower, and CPU tests compare fp32 numbers
+    #                            native bf16 runs slower (the job warns there), and CPU tests compare fp32 numbers
     compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
     #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
     seed: int = 0
