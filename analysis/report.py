@@ -193,9 +193,10 @@ def gate_curves_figure(runs: pd.DataFrame, hist: pd.DataFrame, path: Path) -> Pa
     run and accuracy the gate checked on it (colour: the run's seed, the same in every panel; solid: the
     auxiliary's or MLM's accuracy, dashed: replaced tokens found), each bound dotted, and how many of the
     variant's runs trained in the panel's title. None when no run logged a curve the gate reads."""
-    lines = [(row, GATE_CURVES[name]) for _, row in runs.iterrows() for name in run_gate(row).checked
-             if name in GATE_CURVES]
-    lines = [(row, c) for row, c in lines if ((hist["run_id"] == row["run_id"]) & (hist["key"] == c.metric)).any()]
+    gates = {row["run_id"]: run_gate(row) for _, row in runs.iterrows()}  # once a run: checked and verdict
+    curves = {key: points.sort_values("step") for key, points in hist.groupby(["run_id", "key"])}
+    lines = [(row, GATE_CURVES[name]) for _, row in runs.iterrows() for name in gates[row["run_id"]].checked
+             if name in GATE_CURVES and (row["run_id"], GATE_CURVES[name].metric) in curves]
     if not lines:
         return None
     plt = pyplot()
@@ -208,13 +209,13 @@ def gate_curves_figure(runs: pd.DataFrame, hist: pd.DataFrame, path: Path) -> Pa
     for ax, (preset, variant) in zip(axes.flat, groups):
         mine = [(row, c) for row, c in lines if (row["preset"], row["variant"]) == (preset, variant)]
         for row, c in mine:
-            points = hist[(hist["run_id"] == row["run_id"]) & (hist["key"] == c.metric)].sort_values("step")
+            points = curves[(row["run_id"], c.metric)]
             ax.plot(points["step"], points["value"], GATE_LINESTYLE[c.name], color=colour[str(row.get("seed", ""))],
                     linewidth=1.2)
         for bound in {c.bound for _, c in mine}:
             ax.axhline(bound, color="black", linestyle=":", linewidth=1)
-        of_variant = runs[(runs["preset"] == preset) & (runs["variant"] == variant)]
-        trained = sum(run_gate(row).verdict == TRAINED for _, row in of_variant.iterrows())
+        of_variant = runs.loc[(runs["preset"] == preset) & (runs["variant"] == variant), "run_id"]
+        trained = sum(gates[run_id].verdict == TRAINED for run_id in of_variant)
         ax.set(title=f"{variant} ({preset}): {trained} of {len(of_variant)} trained", xlabel="pretraining step",
                ylabel="accuracy")
         ax.grid(alpha=0.3)
