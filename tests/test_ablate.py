@@ -154,6 +154,11 @@ def test_pretraining_seeds_set_both_seeds_and_refuse_a_pinned_one():
     assert list(one) == [(7, "cocolm")]
     with pytest.raises(UserError, match="fixes the seed that --pretraining-seeds 2 varies"):
         seed_configs(AblationOptions(variants=("cocolm",), pretraining_seeds=2, overrides=("data.seed=3",)))
+    replication = seed_configs(AblationOptions(variants=("cocolm",), pretraining_seeds=2, first_seed=4))
+    assert [(s, cfg.train.seed, cfg.data.seed) for (s, _), cfg in replication.items()] == [(4, 4, 4), (5, 5, 5)]
+    assert [s for s, _ in seed_configs(AblationOptions(variants=("cocolm",), first_seed=6))] == [6]
+    with pytest.raises(UserError, match="fixes the seed that --first-seed 6 varies"):
+        seed_configs(AblationOptions(variants=("cocolm",), first_seed=6, overrides=("train.seed=1",)))
 
 
 def test_concurrent_runs_refuse_a_ray_too_small_for_their_streams(ray_local, tmp_path, capsys):

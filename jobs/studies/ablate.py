@@ -1,6 +1,6 @@
 """An ablation study: pretrain every variant, fine-tune each, all in one MLflow experiment.
 
-    python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--pretraining-seeds 4]
+    python -m jobs.studies.ablate --preset P --variants cocolm,rtd_only,clm_only,... [--pretraining-seeds 4] [--first-seed K]
         [--set key.sub=value ...] [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--label-fractions 0.01,0.1,0.2,1.0]
         [--represent-pairs 500] [--probe-pairs 10000] [--no-control] [--concurrent-runs K] [--tracking-uri URI] [--storage URI]
@@ -8,7 +8,8 @@
 
 The pretraining run is the unit of replication: `--pretraining-seeds N` pretrains every variant N times,
 with seeds 0..N-1 for initialisation, corruption and data order together (`train.seed` and `data.seed`),
-each run tagged with its seed (`pretraining_seed`) and, once read out, with the gate's verdict
+or K..K+N-1 with `--first-seed K` (a replication on seeds no earlier study used), each run tagged with
+its seed (`pretraining_seed`) and, once read out, with the gate's verdict
 (`cocolm.gate`: "trained", or which criterion failed; jobs/studies/gate.py). Seeds are the outer loop:
 an interrupted study has whole seeds done.
 
@@ -91,6 +92,8 @@ class AblationOptions:
     pretraining_seeds: int = field(default=1, metadata=option(
         "pretrain every variant this many times, seeds 0..N-1 (init, corruption, data order); claims need 4 a side",
         bounds=AT_LEAST_ONE))
+    first_seed: int = field(default=0, metadata=option(
+        "the first pretraining seed: seeds K..K+N-1, e.g. 4 to replicate a 4-seed study on new seeds", bounds=NON_NEGATIVE))
     overrides: tuple[str, ...] = field(default=(), metadata=option(
         "dotted config override for every variant, after its overlay, e.g. train.max_steps=40 (repeatable)",
         flag="--set", repeat=True, metavar="KEY=VALUE"))
@@ -141,17 +144,20 @@ class AblationResult:
 
 
 def seed_configs(opts: AblationOptions) -> dict[tuple[int, str], PretrainConfig]:
-    """(seed, variant) -> resolved config, seeds outer. With one pretraining seed the configs are the user's
-    (their `--set train.seed=...` included); with several, seed k sets train.seed and data.seed to k."""
+    """(seed, variant) -> resolved config, seeds outer. With one pretraining seed and no `--first-seed` the
+    configs are the user's (their `--set train.seed=...` included); otherwise seed k of
+    first_seed..first_seed+N-1 sets train.seed and data.seed to k."""
     pinned = [o for o in opts.overrides if o.split("=", 1)[0].strip() in SEED_PARAMS]
-    if opts.pretraining_seeds > 1 and pinned:
-        raise UserError(f"--set {pinned[0]} fixes the seed that --pretraining-seeds {opts.pretraining_seeds} varies; "
-                        f"drop one of them")
-    if opts.pretraining_seeds == 1:
+    if opts.pretraining_seeds == 1 and not opts.first_seed:
         configs = [resolve(opts.preset, v, list(opts.overrides)) for v in opts.variants]
         return {(cfg.train.seed, v): cfg for v, cfg in zip(opts.variants, configs)}
+    if pinned:
+        flag = (f"--pretraining-seeds {opts.pretraining_seeds}" if opts.pretraining_seeds > 1
+                else f"--first-seed {opts.first_seed}")
+        raise UserError(f"--set {pinned[0]} fixes the seed that {flag} varies; drop one of them")
+    seeds = range(opts.first_seed, opts.first_seed + opts.pretraining_seeds)
     return {(seed, v): resolve(opts.preset, v, [*opts.overrides, *(f"{p}={seed}" for p in SEED_PARAMS)])
-            for seed in range(opts.pretraining_seeds) for v in opts.variants}
+            for seed in seeds for v in opts.variants}
 
 
 def run(opts: AblationOptions) -> AblationResult:
