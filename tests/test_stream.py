@@ -92,15 +92,9 @@ def test_stream_keeps_every_token_of_every_document(stream, blocks, corpus, toke
 
     expected = [tuple(e.ids) for e in load_tokenizer(str(tokenizer_dir)).encode_batch(corpus[1], add_special_tokens=False)]
     assert blocks.shape[1] == SEQ_LEN and (blocks[:, 0] == SPECIAL.cls).all()
-    # Undoing the packing needs the blocks in packing order. Ray splits one pack call's output into
-    # several Ray blocks (block_bytes) and may deliver those in any order, which cuts a document that
-    # spans two of them (harmless for training: every block is its own sequence). So this check reads
-    # a second, order-preserving build of the same stream; its multiset of blocks is the stream's.
-    ordered = build_stream(stream[0], tokenizer_dir).blocks
-    ordered.context.execution_options.preserve_order = True  # this dataset's own context copy
-    in_order = np.concatenate([b["input_ids"] for b in ordered.iter_batches(batch_size=None, batch_format="numpy")])
-    assert collections.Counter(row.tobytes() for row in in_order) == collections.Counter(row.tobytes() for row in blocks)
-    assert collections.Counter(_documents_in(in_order)) == collections.Counter(expected)
+    # Undoing the packing needs the blocks in packing order: the stream keeps it (preserve_order), though
+    # Ray splits one pack call's output into several Ray blocks (block_bytes) that it could deliver in any order.
+    assert collections.Counter(_documents_in(blocks)) == collections.Counter(expected)
     summary = skip_summary(stream[1].skips)
     assert (summary.files, summary.documents, summary.skipped) == (4, 240, {})
 
@@ -233,6 +227,34 @@ def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(n_batches > 0 for n_batches, _ in results)
     assert sum(tokens for _, tokens in results) > 0
+
+
+def test_a_ray_train_worker_reads_the_stream_in_corpus_order(stream, blocks, tmp_path):
+    """The same seed must give the same batches: Ray Train replaces the dataset's own execution options
+    with its ingest options, so the job passes `ingest_config()`, which keeps the stream's order."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from jobs.data.stream import ingest_config
+
+    assert ingest_config()._resolve_execution_options("train").preserve_order
+    assert stream[1].blocks.context.execution_options.preserve_order  # iterated directly (pack, curves)
+
+    def loop(config: dict) -> None:
+        import ray.train
+
+        shard = ray.train.get_dataset_shard("train")
+        rows = [row.tobytes().hex() for b in shard.iter_batches(batch_size=8, batch_format="numpy") for row in b["input_ids"]]
+        Path(config["out"], "order.json").write_text(json.dumps(rows))
+
+    TorchTrainer(
+        loop, train_loop_config={"out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+        datasets={"train": stream[1].blocks}, dataset_config=ingest_config(),
+        run_config=RunConfig(name="order-test", storage_path=str(tmp_path / "ray")),
+    ).fit()
+    read = json.loads((tmp_path / "order.json").read_text())
+    assert read == [row.tobytes().hex() for row in blocks]  # the blocks fixture: iterated in corpus order
 
 
 # ---------------------------------------------------------------- bad input

@@ -15,12 +15,19 @@ however Ray schedules, orders, batches or splits the blocks, and a new epoch giv
 Each epoch is shuffled over `shuffle_buffer` blocks per worker, because the corpus is read file by
 file: unshuffled, a model trains on one source after another and forgets the first (on the
 shipped corpus the tiny demo's auxiliary MLM accuracy fell from 0.064 to 0.029 when its second
-epoch went back from Wikipedia to Austen). (Which blocks share a batch follows Ray's delivery
-order, which is not fixed without `preserve_order`.)
+epoch went back from Wikipedia to Austen).
+
+Order: the stream delivers its blocks in corpus order (`preserve_order`), and Ray Train's workers
+read it so (`ingest_config`), so the same seed gives the same batches in the same order, run after
+run. Without it Ray delivers blocks as its tasks finish: two runs of one seed, one alone and one
+beside another run, differed in their loss by step 50 and ended on either side of the gate's [CLS]
+bound (docs/design.md section 5.4), and a resumed run's skipped batches were not the ones consumed.
+With several workers, Ray's streaming split then hands each block in order to the worker with the fewest
+rows so far (locality off under `preserve_order`), so each worker's share is fixed as well.
 
 In a Ray Train worker (any world size, 1 included):
 
-    shard = ray.train.get_dataset_shard("train")           # trainer built with datasets={"train": stream.blocks}
+    shard = ray.train.get_dataset_shard("train")  # trainer: datasets={"train": stream.blocks}, dataset_config=ingest_config()
     for batch in pretraining_batches(shard, cfg, epoch):  # the batch contract of model/corruption.py, torch CPU
         ...
 
@@ -103,7 +110,19 @@ def build_stream(cfg: DataConfig, tokenizer_dir: Path) -> Stream:
         fn_kwargs={"tokenizer_json": (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"), "seq_len": cfg.seq_len},
     )
     blocks.context.target_max_block_size = cfg.block_bytes  # this dataset's context: applies to every stage
+    blocks.context.execution_options.preserve_order = True  # corpus order when iterated here (Ray Train: ingest_config)
     return Stream(blocks, skips, tokenizer_dir)
+
+
+def ingest_config() -> ray.train.DataConfig:
+    """Ray Train's ingest options with the stream's order kept: Ray Train replaces a dataset's own
+    execution options by these (taken from the driver's global DataContext), so `build_stream`'s
+    `preserve_order` alone would not reach the workers."""
+    import ray.train
+
+    options = ray.train.DataConfig.default_ingest_options()
+    options.preserve_order = True
+    return ray.train.DataConfig(execution_options=options)
 
 
 def block_seed(seed: int, epoch: int, block: np.ndarray) -> int:
@@ -143,7 +162,7 @@ def pretraining_batches(
     """One epoch of corrupted batches from the whole stream or from a worker's shard, shuffled over
     `cfg.shuffle_buffer` blocks with a seed of (seed, epoch). The first `skip` batches (consumed
     before a resume) are read past without being corrupted: the same seed puts the same blocks
-    there, as long as Ray delivers the blocks in the same order."""
+    there, because the stream keeps its order (`build_stream`, `ingest_config`)."""
     batches = source.iter_batches(
         batch_size=cfg.batch_size, batch_format="numpy", drop_last=drop_last,
         local_shuffle_buffer_size=cfg.shuffle_buffer or None,

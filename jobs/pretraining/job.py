@@ -28,7 +28,7 @@ from model.export import export_encoder
 from jobs import faults, tracking
 
 from jobs.data.corpus import skip_summary
-from jobs.data.stream import Stream, build_stream, check_inputs
+from jobs.data.stream import Stream, build_stream, check_inputs, ingest_config
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
 from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options
@@ -174,6 +174,7 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
         datasets={"train": stream.blocks},
+        dataset_config=ingest_config(),  # the stream's order: the same seed reads the same batches
     )
     result = trainer.fit()
 
