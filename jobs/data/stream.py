@@ -43,6 +43,7 @@ workers' CPUs leaves Ray Data a budget of 0 and the job hangs silently (docs/des
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -120,7 +121,9 @@ def ingest_config() -> ray.train.DataConfig:
     `preserve_order` alone would not reach the workers."""
     import ray.train
 
-    options = ray.train.DataConfig.default_ingest_options()
+    with warnings.catch_warnings():  # Ray 2.60's own call passes a deprecated option; nothing for the user to act on
+        warnings.filterwarnings("ignore", message=".*exclude_resources")
+        options = ray.train.DataConfig.default_ingest_options()
     options.preserve_order = True
     return ray.train.DataConfig(execution_options=options)
 
