@@ -388,6 +388,9 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
     table = gated[["preset", "variant", "seed", "run_id", "status", "gate"]].copy()
     # minutes from the run's start to its end in the store; missing (NaN) for a run not ended
     table.insert(5, "minutes", (gated["end_time"].astype(float) - gated["start_time"].astype(float)) / 60_000)
+    # what its steps computed in (model.step.step_precision): a CPU without native bf16 runs fp32 where the
+    # preset asks for bf16, so a study run on two machines shows it
+    table.insert(6, "precision", gated["precision"] if "precision" in gated else "")
     for key in RUN_METRICS:
         if f"metrics.{key}" in gated:
             table[key] = gated[f"metrics.{key}"].astype(float)
@@ -396,7 +399,7 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
     table = table.sort_values(["preset", "variant", "seed"], kind="stable")
     table.to_csv(out / "runs.csv", index=False)
     (out / "runs.md").write_text("Pretraining runs, one row each (the unit of replication): minutes from the "
-                                 "run's first start to its end (a resumed run counts the pause), the gate's verdict "
+                                 "run's first start to its end (a resumed run counts the pause), what its steps computed in, the gate's verdict "
                                  "(jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
                                  "seeds (x1)\n\n" + plain_markdown(table))
     return [out / "runs.csv", out / "runs.md"]

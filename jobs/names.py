@@ -26,6 +26,9 @@ STOP_TAG = "cocolm.stopped"  # set when the pretraining loop stops itself (non-f
 # any fallback (model.encoder.attention_ran), and every fallback with its cause, or "none".
 ATTENTION_TAG = "cocolm.attention"
 ATTENTION_FALLBACKS_TAG = "cocolm.attention_fallbacks"
+# On a pretraining run: what its steps computed in, "bf16" (autocast) or "fp32" (model.step.step_precision: a
+# CPU without native bf16 runs fp32 even where train.bf16_on_cpu asks for bf16).
+PRECISION_TAG = "cocolm.precision"
 TRIAL_TAG = "cocolm.trial"  # on a trial run: the trial's name (task, grid point, seed)
 ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
 ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from jobs.cli import UserError
-from jobs.names import (DEV_STAT, KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG,
-                        PRETRAINING_TAG, SEED_STAT, STOP_TAG, best_task, best_task_metric, dev_seed_scores,
-                        fewshot_metric, reported_split_tag, seed_scores, split_fraction)
+from jobs.names import (DEV_STAT, KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRECISION_TAG,
+                        PRETRAINING_SEED_TAG, PRETRAINING_TAG, SEED_STAT, STOP_TAG, best_task, best_task_metric,
+                        dev_seed_scores, fewshot_metric, reported_split_tag, seed_scores, split_fraction)
 from jobs.studies.gate import GATE_PARAMS
 
 # The params that say how much a pretraining run trained: two runs are compared only when these agree.
@@ -48,8 +48,8 @@ def search(client, experiments: Sequence[str], filter_string: str) -> list:
 def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per pretraining run: ids, preset, variant, its pretraining seed (`seed`: the study's tag, else
     the run's train.seed), status, times, its training budget (`params.<BUDGET_PARAMS>`), what the gate
-    reads (`params.<GATE_PARAMS>`), why it stopped itself if it did (`stopped`) and the last value of every
-    metric. Sorted by start time, oldest first."""
+    reads (`params.<GATE_PARAMS>`), why it stopped itself if it did (`stopped`), what its steps computed in
+    (`precision`: bf16 or fp32, empty for runs older than the tag) and the last value of every metric. Sorted by start time, oldest first."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_PRETRAINING}'"):
         tags, params = run.data.tags, run.data.params
@@ -58,7 +58,7 @@ def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
                      "variant": tags.get("variant", ""),
                      "seed": str(tags.get(PRETRAINING_SEED_TAG, params.get("train.seed", ""))),
                      "status": run.info.status, "start_time": run.info.start_time, "end_time": run.info.end_time,
-                     "stopped": tags.get(STOP_TAG, ""),
+                     "stopped": tags.get(STOP_TAG, ""), "precision": tags.get(PRECISION_TAG, ""),
                      **{f"params.{p}": params.get(p) for p in (*BUDGET_PARAMS, *SEED_PARAMS, *GATE_PARAMS)},
                      **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
     columns = ["run_id", "run_name", "experiment_id", "preset", "variant", "seed", "status", "start_time", "end_time"]

@@ -110,6 +110,17 @@ def cpu_has_native_bf16() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
+def step_precision(device: torch.device, bf16: bool, bf16_on_cpu: bool) -> str:
+    """What a pretraining step computes in: "bf16" (autocast) or "fp32". On CUDA, `bf16`; on a CPU, only
+    where `bf16_on_cpu` asks for it and the CPU multiplies bf16 natively: without AVX512-BF16 or AMX,
+    oneDNN emulates bf16 and a study-cpu step takes about 10x as long as in fp32 (an AVX2-only Zen 3:
+    4,960 ms against 523, `model.bench --preset study-cpu --seq-len 64 --batch-size 32 --variant clm_only
+    [--cpu-bf16]`, 1 thread), so the job and the curve probe run fp32 there and say so."""
+    if device.type == "cuda":
+        return "bf16" if bf16 else "fp32"
+    return "bf16" if bf16 and bf16_on_cpu and cpu_has_native_bf16() else "fp32"
+
+
 def compile_step(model: nn.Module, mode: str, backend: str = "inductor") -> None:
     """`torch.compile` the whole pretraining forward in place, as one graph (`fullgraph=True`): both
     encoders, the sampling, the heads and the losses; the backward follows through AOT autograd. Needs

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from jobs import faults
 from jobs.cli import UserError
-from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG
+from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG
 from jobs.tracking import git_commit
 
 from jobs.pretraining import checkpoint
@@ -426,6 +426,7 @@ def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_lo
     tags = client.get_run(result.run_id).data.tags  # what ran, from the first log line on (the CPU: SDPA)
     assert (tags[ATTENTION_TAG], tags[ATTENTION_FALLBACKS_TAG]) == (
         "sdpa in training passes, sdpa in no-grad passes", "none")
+    assert tags[PRECISION_TAG] == "fp32"  # the tiny preset leaves train.bf16_on_cpu off
     assert all(math.isfinite(v) for _, v in history(client, result.run_id, "lm_loss"))
 
 

@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
-from jobs.names import KIND_PRETRAINING, KIND_TAG, PRETRAINING_SEED_TAG, best_task_metric
+from jobs.names import KIND_PRETRAINING, KIND_TAG, PRECISION_TAG, PRETRAINING_SEED_TAG, best_task_metric
 from jobs.runs import latest_per_seed, pretraining_runs
 from jobs.tracking import experiment_id
 from helpers import fake_pretraining_run, fake_sweep_run
@@ -83,7 +83,8 @@ def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(sto
     uri, client, runs = store
     exp = client.get_run(runs["cocolm"]).info.experiment_id
     tags = {KIND_TAG: KIND_PRETRAINING, "preset": "tiny", "variant": "electra"}
-    timed = client.create_run(exp, start_time=1_000_000, tags={**tags, PRETRAINING_SEED_TAG: "0"}).info.run_id
+    timed = client.create_run(exp, start_time=1_000_000, tags={**tags, PRETRAINING_SEED_TAG: "0",
+                                                              PRECISION_TAG: "fp32"}).info.run_id
     client.set_terminated(timed, end_time=1_000_000 + 90_000)
     live = client.create_run(exp, tags={**tags, PRETRAINING_SEED_TAG: "1"}).info.run_id  # still RUNNING
     build(client, "ablation-tiny", tmp_path / "out")
@@ -91,7 +92,9 @@ def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(sto
     assert per_run.loc[timed, "minutes"] == pytest.approx(1.5)
     assert np.isnan(per_run.loc[live, "minutes"])  # not ended: missing, never 0 or negative
     assert (per_run.loc[list(runs.values()), "minutes"] >= 0).all()
-    assert "| minutes |" in (tmp_path / "out" / "runs.md").read_text()
+    assert "| minutes | precision |" in (tmp_path / "out" / "runs.md").read_text()
+    assert per_run.loc[timed, "precision"] == "fp32"  # the tag the job sets; a run without it: empty
+    assert np.isnan(per_run.loc[live, "precision"])  # no tag (a run older than it): an empty cell
 
 
 def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):

@@ -145,7 +145,21 @@ def test_native_bf16_is_read_from_torchs_cpu_probes(monkeypatch):
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     assert step_module.cpu_has_native_bf16() is False
-    assert "cpu_has_native_bf16()" in (ROOT / "jobs" / "pretraining" / "loop.py").read_text()  # the job asks
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_cpu_step_runs_bf16_only_where_asked_and_native(monkeypatch, native):
+    """step_precision: a CPU without native bf16 runs fp32 even where train.bf16_on_cpu asks (emulated bf16
+    takes about 10x as long); CUDA follows train.bf16 alone. The job and the curve probe both ask it."""
+    monkeypatch.setattr(step_module, "cpu_has_native_bf16", lambda: native)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert step_module.step_precision(cpu, bf16=True, bf16_on_cpu=True) == ("bf16" if native else "fp32")
+    assert step_module.step_precision(cpu, bf16=True, bf16_on_cpu=False) == "fp32"
+    assert step_module.step_precision(cpu, bf16=False, bf16_on_cpu=True) == "fp32"
+    assert step_module.step_precision(cuda, bf16=True, bf16_on_cpu=False) == "bf16"
+    assert step_module.step_precision(cuda, bf16=False, bf16_on_cpu=True) == "fp32"
+    for caller in ("jobs/pretraining/loop.py", "jobs/studies/curves.py"):
+        assert 'bf16_on_cpu=precision == "bf16"' in (ROOT / caller).read_text()
 
 
 def test_param_groups_decay_weight_matrices_only():

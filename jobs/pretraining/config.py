@@ -43,9 +43,10 @@ class TrainConfig(OptimizerConfig):
     global_batch: int = 2048  # sequences per optimizer step over all workers; gradient accumulation of
     #                           data.batch_size-sequence micro-batches makes up the rest
     bf16: bool = True  # autocast on GPU; CPU runs fp32 unless bf16_on_cpu
-    bf16_on_cpu: bool = False  # autocast to bf16 on a CPU as well: a study-cpu step 1.5x faster on a CPU with
-    #                            AVX512-BF16 (`model.bench --cpu-bf16`); off by default, as a CPU without
-    #                            native bf16 runs slower (the job warns there), and CPU tests compare fp32 numbers
+    bf16_on_cpu: bool = False  # autocast to bf16 on a CPU as well, where it multiplies bf16 natively: a study-cpu
+    #                            step 1.5x faster with AVX512-BF16 (`model.bench --cpu-bf16`); a CPU without it
+    #                            runs fp32 all the same (model.step.step_precision: emulated bf16 is ~10x slower);
+    #                            off by default, as CPU tests compare fp32 numbers
     compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
     #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
     seed: int = 0

@@ -24,12 +24,11 @@ from model import PretrainingObjective, build_pretraining_model
 from model.encoder import attention_fallbacks, attention_ran, compile_encoders
 from model.objective import to_device
 from model.flops import device_peak_flops, step_flops
-from model.step import (STEP_COMPILE_MODES, Interval, TrainingStep, build_optimizer, compile_step,
-                        cpu_has_native_bf16)
+from model.step import STEP_COMPILE_MODES, Interval, TrainingStep, build_optimizer, compile_step, step_precision
 
 from jobs.cli import UserError
 from jobs.data.stream import pretraining_batches
-from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, STOP_TAG
+from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import PretrainConfig, to_yaml
@@ -138,6 +137,10 @@ class Logger:
             self.client.set_tag(self.run_id, tag, value[:5000])  # MLflow's limit on a tag's value
         return f" | attention: {text}"
 
+    def tag(self, name: str, value: str) -> None:
+        if self.enabled:
+            self.client.set_tag(self.run_id, name, value)
+
     def stop(self, reason: str) -> None:
         if self.enabled:
             self.client.set_tag(self.run_id, STOP_TAG, reason)
@@ -218,15 +221,17 @@ def train_loop_per_worker(config: dict) -> None:
     accumulation = accumulation_steps(cfg, world_size)
     # The same step `model.bench` times: autocast, backward per micro-batch, clipping, fused AdamW.
     cuda_graphs = cfg.train.compile_step == "reduce-overhead" and device.type == "cuda"
+    precision = step_precision(device, cfg.train.bf16, cfg.train.bf16_on_cpu)
     step = TrainingStep(wrapped, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
-                        accumulation=accumulation, bf16=cfg.train.bf16, bf16_on_cpu=cfg.train.bf16_on_cpu,
+                        accumulation=accumulation, bf16=cfg.train.bf16, bf16_on_cpu=precision == "bf16",
                         cuda_graphs=cuda_graphs)
-    if rank == 0 and cfg.train.bf16_on_cpu and device.type == "cpu" and not cpu_has_native_bf16():
-        say("train.bf16_on_cpu: this CPU has no native bf16 (AVX512-BF16 or AMX), so the step runs slower than "
-            "in fp32; set train.bf16_on_cpu=false")
+    if rank == 0 and cfg.train.bf16_on_cpu and precision == "fp32" and device.type == "cpu":
+        say("train.bf16_on_cpu: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 is emulated and a "
+            "step takes about 10x as long, so the step runs in fp32 (the run's tag cocolm.precision)")
     # Fixed shapes: the masked-position index padded to a count set by the mask rate and the block.
     fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
     logger = Logger(ctx, cfg, rank, world_size, device, model)
+    logger.tag(PRECISION_TAG, precision)
     shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
     warmed_up = False

@@ -10,8 +10,8 @@ The blocks are packed once by the job's own Ray Data stream (`jobs.data.pack`); 
 with numpy and needs neither Ray, MLflow nor pandas, so a GPU machine with only torch and transformers
 installed runs it: copy the folder there. Training is the job's: the preset, variant and `--set`
 overrides resolve as `python -m jobs.pretraining` resolves them, and every step is
-`model.step.TrainingStep` (bf16 autocast on CUDA, accumulation, clipping, AdamW, warm-up and linear
-decay) on the variant's objective. Only the batching differs: the blocks are shuffled per epoch
+`model.step.TrainingStep` (bf16 autocast where the job's runs it, accumulation, clipping, AdamW,
+warm-up and linear decay) on the variant's objective. Only the batching differs: the blocks are shuffled per epoch
 here, and each batch is corrupted with one generator instead of one per block.
 
 A line per `train.log_every` steps gives the step, epoch, loss, held-out accuracies (a fixed, seeded
@@ -39,7 +39,7 @@ from jobs.studies.figures import pyplot, save
 from model import build_pretraining_model, make_pretraining_batch
 from model.encoder import compile_encoders
 from model.objective import to_device
-from model.step import Interval, TrainingStep, build_optimizer
+from model.step import Interval, TrainingStep, build_optimizer, step_precision
 
 HELDOUT_FRACTION, HELDOUT_MAX = 0.05, 512  # blocks kept out of training for the held-out accuracies
 # A head has left its prior once its held-out accuracy passes these. The MLM-style accuracies start at
@@ -115,8 +115,11 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
         compile_encoders(model)
     optimizer, scheduler = build_optimizer(model, cfg.train, device)
     accumulation = cfg.train.global_batch // cfg.data.batch_size
+    precision = step_precision(device, cfg.train.bf16, cfg.train.bf16_on_cpu)  # the job's, and printed
+    print(f"steps in {precision}" + (" (train.bf16_on_cpu: this CPU has no native bf16)"
+                                     if device.type == "cpu" and cfg.train.bf16_on_cpu and precision == "fp32" else ""))
     step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
-                        accumulation=accumulation, bf16=cfg.train.bf16)
+                        accumulation=accumulation, bf16=cfg.train.bf16, bf16_on_cpu=precision == "bf16")
     training, heldout = split_heldout(blocks, cfg.data.seed)
     generator = torch.Generator().manual_seed(cfg.data.seed)
     held_generator = torch.Generator().manual_seed(cfg.data.seed + 1)  # the same corruption at every evaluation
