@@ -247,6 +247,16 @@ class Study:
         if len(budgets) > 1:
             return (f"{NOT_COMPARABLE}: different pretraining budgets (" + "; ".join(
                 f"{', '.join(sorted(v))}: {b[0]} steps of {b[1]} x {b[2]} tokens" for b, v in budgets.items()) + ")")
+        # A study resumed on another machine may compute some runs in bf16 and others in fp32 (a CPU without
+        # native bf16 runs fp32: model.step.step_precision): a confound, never averaged away. Runs older than
+        # the precision tag say nothing and are left out of this check.
+        precisions = {}
+        for g in found:
+            for _, row in g[g.get("precision", pd.Series("", index=g.index)).fillna("") != ""].iterrows():
+                precisions.setdefault(row["precision"], set()).add(f"{row['variant']} seed {row['seed']}")
+        if len(precisions) > 1:
+            return (f"{NOT_COMPARABLE}: runs computed in different precisions (" + "; ".join(
+                f"{p}: {', '.join(sorted(v))}" for p, v in sorted(precisions.items())) + ")")
         return found
 
     def curve(self, run_id: str, key: str) -> np.ndarray:

@@ -281,6 +281,21 @@ def test_runs_of_different_budgets_are_not_comparable():
     assert "electra: 80 steps of 32 x 64 tokens" in table1[0].verdict
 
 
+def test_runs_computed_in_different_precisions_are_not_comparable():
+    """A study resumed on a CPU without native bf16 runs the rest in fp32 (cocolm.precision): no verdict across."""
+    study = runs(cocolm={}, electra={}, roberta_mlm={"mlm_accuracy": 0.15})
+    study["precision"] = "bf16"
+    finetuned = scores([("cocolm", "SNLI", spread(0.9)), ("electra", "SNLI", spread(0.5)),
+                        ("roberta_mlm", "SNLI", spread(0.3))])
+    assert verdict(judge(study, EMPTY_HISTORY, finetuned), TABLE1_ROW + ": SNLI") == HOLDS  # one precision
+    study.loc[(study["variant"] == "electra") & (study["seed"] == "3"), "precision"] = "fp32"
+    claims = [c for c in judge(study, EMPTY_HISTORY, finetuned) if c.source == "Table 1" and "fine-tuning" in c.statement]
+    assert claims and all(c.verdict.startswith(NOT_COMPARABLE) for c in claims)
+    assert "fp32: electra seed 3" in claims[0].verdict
+    study["precision"] = ""  # runs older than the tag: not a difference
+    assert verdict(judge(study, EMPTY_HISTORY, finetuned), TABLE1_ROW + ": SNLI") == HOLDS
+
+
 def test_fig7_within_clm_only_compares_its_own_curves_paired():
     study = runs(clm_only={})
     hist = pd.concat([pd.concat([history(f"run-clm_only-{i}", "cls_negative_cosine", np.full(10, 0.95 - i / 10)),
