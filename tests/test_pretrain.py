@@ -28,7 +28,7 @@ from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import available_presets, available_variants, from_yaml, resolve, to_yaml, with_vocab_size
 from jobs.pretraining.job import check_compile_toolchain, main, run
-from jobs.pretraining.loop import build_training, resumed_seed
+from jobs.pretraining.loop import build_training, merged_precision, resumed_seed
 from model import VARIANTS
 from model.bench import random_batch
 
@@ -133,6 +133,13 @@ def test_every_numeric_config_key_has_a_range_and_every_preset_is_inside_them():
         assert numeric <= set(RANGES), sorted(numeric - set(RANGES))  # a new numeric key needs its range
         for key in numeric:
             RANGES[key].check(key, flat[key])
+
+
+def test_a_run_resumed_on_a_cpu_that_computes_otherwise_keeps_both_precisions_in_its_tag():
+    """cocolm.precision after each (re)start: the claims never pool a run that changed precision."""
+    assert [merged_precision(before, now) for before, now in (
+        ("", "fp32"), ("bf16", "bf16"), ("bf16", "fp32"), ("bf16 then fp32", "fp32"), ("bf16 then fp32", "bf16"))] == [
+        "fp32", "bf16", "bf16 then fp32", "bf16 then fp32", "bf16 then fp32"]
 
 
 def test_unknown_preset_and_variant_are_named():

@@ -137,14 +137,22 @@ class Logger:
             self.client.set_tag(self.run_id, tag, value[:5000])  # MLflow's limit on a tag's value
         return f" | attention: {text}"
 
-    def tag(self, name: str, value: str) -> None:
+    def precision(self, now: str) -> None:
+        """Tag what the steps compute in; a run resumed on a machine that computes otherwise keeps both."""
         if self.enabled:
-            self.client.set_tag(self.run_id, name, value)
+            before = self.client.get_run(self.run_id).data.tags.get(PRECISION_TAG, "")
+            self.client.set_tag(self.run_id, PRECISION_TAG, merged_precision(before, now))
 
     def stop(self, reason: str) -> None:
         if self.enabled:
             self.client.set_tag(self.run_id, STOP_TAG, reason)
             say(f"STOPPED: {reason}")
+
+
+def merged_precision(before: str, now: str) -> str:
+    """The run's precision tag after a (re)start computing in `now`: "bf16", or "bf16 then fp32" where a
+    resume moved it to a CPU without native bf16 (the claims never pool such a run with either)."""
+    return before if now in before.split(" then ") else " then ".join(filter(None, (before, now)))
 
 
 def say(line: str) -> None:
@@ -231,7 +239,7 @@ def train_loop_per_worker(config: dict) -> None:
     # Fixed shapes: the masked-position index padded to a count set by the mask rate and the block.
     fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
     logger = Logger(ctx, cfg, rank, world_size, device, model)
-    logger.tag(PRECISION_TAG, precision)
+    logger.precision(precision)
     shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
     warmed_up = False
