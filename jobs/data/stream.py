@@ -50,6 +50,7 @@ from typing import NamedTuple
 
 import numpy as np
 import ray
+import ray.train
 import torch
 
 from jobs.cli import UserError
@@ -119,8 +120,6 @@ def ingest_config() -> ray.train.DataConfig:
     """Ray Train's ingest options with the stream's order kept: Ray Train replaces a dataset's own
     execution options by these (taken from the driver's global DataContext), so `build_stream`'s
     `preserve_order` alone would not reach the workers."""
-    import ray.train
-
     with warnings.catch_warnings():  # Ray 2.60's own call passes a deprecated option; nothing for the user to act on
         warnings.filterwarnings("ignore", message=".*exclude_resources")
         options = ray.train.DataConfig.default_ingest_options()
