@@ -399,8 +399,8 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
     table = table.sort_values(["preset", "variant", "seed"], kind="stable")
     table.to_csv(out / "runs.csv", index=False)
     (out / "runs.md").write_text("Pretraining runs, one row each (the unit of replication): minutes from the "
-                                 "run's first start to its end (a resumed run counts the pause), what its steps computed in, the gate's verdict "
-                                 "(jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
+                                 "run's first start to its end (a resumed run counts the pause), what its steps "
+                                 "computed in, the gate's verdict (jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
                                  "seeds (x1)\n\n" + plain_markdown(table))
     return [out / "runs.csv", out / "runs.md"]
 

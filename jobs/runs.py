@@ -49,7 +49,8 @@ def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per pretraining run: ids, preset, variant, its pretraining seed (`seed`: the study's tag, else
     the run's train.seed), status, times, its training budget (`params.<BUDGET_PARAMS>`), what the gate
     reads (`params.<GATE_PARAMS>`), why it stopped itself if it did (`stopped`), what its steps computed in
-    (`precision`: bf16 or fp32, empty for runs older than the tag) and the last value of every metric. Sorted by start time, oldest first."""
+    (`precision`: bf16 or fp32, empty for runs older than the tag) and the last value of every metric.
+    Sorted by start time, oldest first."""
     rows = []
     for run in search(client, experiments, f"tags.{KIND_TAG} = '{KIND_PRETRAINING}'"):
         tags, params = run.data.tags, run.data.params

@@ -121,6 +121,15 @@ def step_precision(device: torch.device, bf16: bool, bf16_on_cpu: bool) -> str:
     return "bf16" if bf16 and bf16_on_cpu and cpu_has_native_bf16() else "fp32"
 
 
+def fp32_fallback_note(device: torch.device, bf16: bool, bf16_on_cpu: bool) -> str:
+    """The one line the job and the curve probe print where `bf16_on_cpu` asked for bf16 and
+    `step_precision` ran fp32 instead, else ''."""
+    if device.type != "cpu" or not (bf16 and bf16_on_cpu) or step_precision(device, bf16, bf16_on_cpu) == "bf16":
+        return ""
+    return ("train.bf16_on_cpu: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 is emulated and a "
+            "step takes about 10x as long, so the step runs in fp32")
+
+
 def compile_step(model: nn.Module, mode: str, backend: str = "inductor") -> None:
     """`torch.compile` the whole pretraining forward in place, as one graph (`fullgraph=True`): both
     encoders, the sampling, the heads and the losses; the backward follows through AOT autograd. Needs

@@ -158,6 +158,10 @@ def test_a_cpu_step_runs_bf16_only_where_asked_and_native(monkeypatch, native):
     assert step_module.step_precision(cpu, bf16=False, bf16_on_cpu=True) == "fp32"
     assert step_module.step_precision(cuda, bf16=True, bf16_on_cpu=False) == "bf16"
     assert step_module.step_precision(cuda, bf16=False, bf16_on_cpu=True) == "fp32"
+    note = step_module.fp32_fallback_note(cpu, bf16=True, bf16_on_cpu=True)  # said once, by the job and the probe
+    assert ("runs in fp32" in note) is not native
+    assert step_module.fp32_fallback_note(cpu, bf16=True, bf16_on_cpu=False) == ""
+    assert step_module.fp32_fallback_note(cuda, bf16=True, bf16_on_cpu=True) == ""
     for caller in ("jobs/pretraining/loop.py", "jobs/studies/curves.py"):
         assert 'bf16_on_cpu=precision == "bf16"' in (ROOT / caller).read_text()
 

@@ -24,7 +24,8 @@ from model import PretrainingObjective, build_pretraining_model
 from model.encoder import attention_fallbacks, attention_ran, compile_encoders
 from model.objective import to_device
 from model.flops import device_peak_flops, step_flops
-from model.step import STEP_COMPILE_MODES, Interval, TrainingStep, build_optimizer, compile_step, step_precision
+from model.step import (STEP_COMPILE_MODES, Interval, TrainingStep, build_optimizer, compile_step,
+                        fp32_fallback_note, step_precision)
 
 from jobs.cli import UserError
 from jobs.data.stream import pretraining_batches
@@ -233,9 +234,8 @@ def train_loop_per_worker(config: dict) -> None:
     step = TrainingStep(wrapped, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
                         accumulation=accumulation, bf16=cfg.train.bf16, bf16_on_cpu=precision == "bf16",
                         cuda_graphs=cuda_graphs)
-    if rank == 0 and cfg.train.bf16_on_cpu and precision == "fp32" and device.type == "cpu":
-        say("train.bf16_on_cpu: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 is emulated and a "
-            "step takes about 10x as long, so the step runs in fp32 (the run's tag cocolm.precision)")
+    if rank == 0 and (note := fp32_fallback_note(device, cfg.train.bf16, cfg.train.bf16_on_cpu)):
+        say(note + " (the run's tag cocolm.precision)")
     # Fixed shapes: the masked-position index padded to a count set by the mask rate and the block.
     fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
     logger = Logger(ctx, cfg, rank, world_size, device, model)

@@ -11,8 +11,8 @@ with numpy and needs neither Ray, MLflow nor pandas, so a GPU machine with only 
 installed runs it: copy the folder there. Training is the job's: the preset, variant and `--set`
 overrides resolve as `python -m jobs.pretraining` resolves them, and every step is
 `model.step.TrainingStep` (bf16 autocast where the job's runs it, accumulation, clipping, AdamW,
-warm-up and linear decay) on the variant's objective. Only the batching differs: the blocks are shuffled per epoch
-here, and each batch is corrupted with one generator instead of one per block.
+warm-up and linear decay) on the variant's objective. Only the batching differs: the blocks are
+shuffled per epoch here, and each batch is corrupted with one generator instead of one per block.
 
 A line per `train.log_every` steps gives the step, epoch, loss, held-out accuracies (a fixed, seeded
 5% of the blocks, at most 512, in eval mode), tokens/s and the time left; the CSV holds the same
@@ -39,7 +39,7 @@ from jobs.studies.figures import pyplot, save
 from model import build_pretraining_model, make_pretraining_batch
 from model.encoder import compile_encoders
 from model.objective import to_device
-from model.step import Interval, TrainingStep, build_optimizer, step_precision
+from model.step import Interval, TrainingStep, build_optimizer, fp32_fallback_note, step_precision
 
 HELDOUT_FRACTION, HELDOUT_MAX = 0.05, 512  # blocks kept out of training for the held-out accuracies
 # A head has left its prior once its held-out accuracy passes these. The MLM-style accuracies start at
@@ -116,8 +116,8 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
     optimizer, scheduler = build_optimizer(model, cfg.train, device)
     accumulation = cfg.train.global_batch // cfg.data.batch_size
     precision = step_precision(device, cfg.train.bf16, cfg.train.bf16_on_cpu)  # the job's, and printed
-    print(f"steps in {precision}" + (" (train.bf16_on_cpu: this CPU has no native bf16)"
-                                     if device.type == "cpu" and cfg.train.bf16_on_cpu and precision == "fp32" else ""))
+    note = fp32_fallback_note(device, cfg.train.bf16, cfg.train.bf16_on_cpu)
+    print(f"steps in {precision}" + (f" ({note})" if note else ""))
     step = TrainingStep(model, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,
                         accumulation=accumulation, bf16=cfg.train.bf16, bf16_on_cpu=precision == "bf16")
     training, heldout = split_heldout(blocks, cfg.data.seed)
