@@ -205,3 +205,20 @@ def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, tmp_path):
     # machine one run began 0.2 s after the other's last step.
     for (first, last), (start, end) in ((steps[0], lives[1]), (steps[1], lives[0])):
         assert first < end and start < last, (steps, lives)
+
+
+def test_a_study_says_where_its_readouts_read_positions_its_pretraining_never_trained():
+    from jobs.studies.ablate import AblationOptions, seed_configs, untrained_positions_note
+
+    def note(*overrides: str, **kw) -> str:
+        opts = AblationOptions(variants=("cocolm", "electra"), preset="study-cpu", overrides=overrides, **kw)
+        return untrained_positions_note(opts, seed_configs(opts))
+
+    assert note() == ""  # blocks of 64, every readout at 64 tokens
+    assert note("data.seq_len=128") == ""
+    short = note("data.seq_len=32", tasks="snli", grid="study-cpu")
+    assert short == ("note: pretraining trains positions 0-31 (data.seq_len=32), but [CLS] cosines read up to 64 "
+                     "tokens, linear probes read up to 64 tokens, fine-tuning (grid study-cpu) read up to 64 tokens: "
+                     "the absolute position embeddings from 32 on are never trained (weight decay only shrinks them)")
+    assert note("data.seq_len=32", probe_pairs=0, represent_pairs=0) == ""  # no readout past 32
+    assert "fine-tuning (grid paper) read up to 512" in note(tasks="glue", grid="paper", probe_pairs=0, represent_pairs=0)

@@ -176,11 +176,39 @@ def run(opts: AblationOptions) -> AblationResult:
         check_cpus(opts.concurrent_runs, ray.cluster_resources().get("CPU", 0))  # a Ray joined or already up
         for cfg in configs.values():
             resolve_tokenizer(cfg.data)
+    if note := untrained_positions_note(opts, configs):
+        print(note, flush=True)
     results = _run_units(_Study(opts, client, tracking_uri, readouts), _units(opts, configs), opts.concurrent_runs)
     print(_summary(opts, tracking_uri, results))
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
+
+
+def readout_lengths(opts: AblationOptions) -> dict[str, int]:
+    """The most tokens each readout of this study reads per example."""
+    lengths = {}
+    if opts.represent_pairs > 0:
+        lengths["[CLS] cosines"] = represent.MAX_LENGTH
+    if opts.probe_pairs > 0:
+        lengths["linear probes"] = probe.MAX_LENGTH
+    if opts.tasks:
+        grid = load_grid(opts.grid)
+        lengths[f"fine-tuning (grid {grid.name})"] = max(grid.max_length_of(task) for task in grid.tasks)
+    return lengths
+
+
+def untrained_positions_note(opts: AblationOptions, configs: dict[tuple[int, str], PretrainConfig]) -> str:
+    """One line where a readout reads positions that pretraining never trained, else "". Blocks shorter
+    than the readouts (a cheaper CPU recipe) never train the absolute position embeddings from the block
+    length on; every variant and the control share that, but a reader of the readouts must know it."""
+    seq_len = min(cfg.data.seq_len for cfg in configs.values())
+    past = {name: length for name, length in readout_lengths(opts).items() if length > seq_len}
+    if not past:
+        return ""
+    return (f"note: pretraining trains positions 0-{seq_len - 1} (data.seq_len={seq_len}), but "
+            + ", ".join(f"{name} read up to {length} tokens" for name, length in past.items())
+            + f": the absolute position embeddings from {seq_len} on are never trained (weight decay only shrinks them)")
 
 
 def study_cpus(concurrent_runs: int) -> int:
