@@ -194,7 +194,8 @@ def readout_lengths(opts: AblationOptions) -> dict[str, int]:
         lengths["linear probes"] = probe.MAX_LENGTH
     if opts.tasks:
         grid = load_grid(opts.grid)
-        lengths[f"fine-tuning (grid {grid.name})"] = max(grid.max_length_of(task) for task in grid.tasks)
+        lengths[f"fine-tuning (grid {grid.name})"] = max(space.max_length or grid.max_length
+                                                         for space in grid.spaces.values())
     return lengths
 
 
