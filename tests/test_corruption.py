@@ -113,6 +113,20 @@ def test_make_pretraining_batch_is_seeded_and_follows_the_contract():
     assert a["crop_ids"].shape == (2, int(0.9 * 32))
 
 
+def test_a_generator_per_row_corrupts_each_row_as_if_it_were_alone():
+    """`jobs.data.stream.corrupt` corrupts a batch at once with one generator per block: every row must
+    equal that block corrupted by itself with its own generator (padding included), and a batch whose
+    generators do not match its rows is an error, not a silent reuse."""
+    ids = blocks([32, 20, 7, 32], 32)
+    seeds = [11, 12, 13, 14]
+    together = make_pretraining_batch(ids, generator=[torch.Generator().manual_seed(s) for s in seeds])
+    for row, seed in enumerate(seeds):
+        alone = make_pretraining_batch(ids[row : row + 1], generator=torch.Generator().manual_seed(seed))
+        assert all(torch.equal(together[key][row : row + 1], alone[key]) for key in alone), row
+    with pytest.raises(ValueError, match="3 generators for a batch of 4 rows"):
+        make_pretraining_batch(ids, generator=[torch.Generator() for _ in range(3)])
+
+
 def test_replacements_follow_the_softmax():
     logits = torch.tensor([[0.0, math.log(3.0), -1e4]]).repeat(20000, 1)  # p = 1/4, 3/4, 0
     drawn = sample_replacements(logits, torch.Generator().manual_seed(9))

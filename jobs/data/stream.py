@@ -57,7 +57,7 @@ from jobs.cli import UserError
 from jobs.data.config import DataConfig
 from jobs.data.corpus import corpus_paths, expand_paths, read_documents
 from jobs.data.tokens import tokenizer_from_json
-from model.corruption import BATCH_KEYS, SpecialTokens, make_pretraining_batch
+from model.corruption import SpecialTokens, make_pretraining_batch
 
 
 class Stream(NamedTuple):
@@ -147,14 +147,11 @@ def corrupt(
 ) -> dict[str, torch.Tensor]:
     """Packed blocks {"input_ids": (B, T)} -> the batch contract of model/corruption.py (CPU tensors).
 
-    One `make_pretraining_batch` call per block, each with its own seeded generator (see module doc).
+    Each block draws from its own seeded generator (see module doc), in one `make_pretraining_batch` call.
     """
-    input_ids = torch.as_tensor(np.asarray(batch["input_ids"])).long()  # (B, T)
-    rows = []
-    for block in input_ids:
-        generator = torch.Generator().manual_seed(block_seed(seed, epoch, block.numpy()))
-        rows.append(make_pretraining_batch(block[None], mask_rate, crop_fraction, generator))
-    return {key: torch.cat([row[key] for row in rows]) for key in BATCH_KEYS}
+    blocks = np.asarray(batch["input_ids"])
+    generators = [torch.Generator().manual_seed(block_seed(seed, epoch, block)) for block in blocks]
+    return make_pretraining_batch(torch.as_tensor(blocks).long(), mask_rate, crop_fraction, generators)
 
 
 def pretraining_batches(
