@@ -27,8 +27,9 @@ COMMANDS = {
     r"^\(umask 077 && mkdir -p ~/\.ray|^ray up cluster\.yaml|^ray dashboard cluster\.yaml|"
     r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env":
         "needs a cloud account (cluster.yaml); tests/test_platform.py checks the files",
-    r"^python -m jobs\.studies\.ablate --preset study-cpu|^python -m analysis\.report --experiment ablation-study-cpu":
-        "the CPU study: about two hours on 2 cores; its output is committed in docs/measurements/cpu-study",
+    r"^python -m jobs\.studies\.ablate --preset study-cpu|^python -m analysis\.report --experiment ablation-study-cpu|"
+    r"^python -m analysis\.report --experiment recipe-seq32-gate":
+        "the CPU studies: hours on 2 cores; their output is committed in docs/measurements/",
     r"^python -m jobs\.studies\.ablate --preset study |^python -m analysis\.report --experiment ablation-study ":
         "GPU-sized (the README says so)",
     r"^python -m jobs\.studies\.ablate --preset tiny --variants cocolm,electra|"
