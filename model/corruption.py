@@ -48,7 +48,7 @@ class SpecialTokens:
 def uniform(batch: int, width: int | None, generator: Generators, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """U[0, 1) draws of shape (batch,) or (batch, width). With one generator per row, row i is exactly what
     `torch.rand` of one row would draw from generators[i]: a batch corrupted at once equals its rows
-    corrupted one by one, at a small fraction of the per-row calls (32 rows: 14.7 -> ~1 ms on one core)."""
+    corrupted one by one, at a tenth of the CPU (32 rows of 32 tokens: 23.0 -> 2.2 ms on one core)."""
     shape = (batch,) if width is None else (batch, width)
     if generator is None or isinstance(generator, torch.Generator):
         return torch.rand(shape, generator=generator, dtype=dtype)
