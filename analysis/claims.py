@@ -49,12 +49,11 @@ from statsmodels.stats.multitest import multipletests
 
 from jobs.names import PROBE_METRICS, RANDOM_INIT_VARIANT, REPRESENT_METRICS
 from jobs.runs import BUDGET_PARAMS, with_fractions
-from jobs.studies.gate import CRITERIA, gate
+from jobs.studies.gate import CRITERIA, UNFINISHED, gate
 
 HOLDS, FAILS, NEGLIGIBLE, INCONCLUSIVE = "holds", "does not hold", "negligible", "inconclusive"
 NO_VARIATION = "no variation over runs: not evidence"
 FEW_RUNS, RECIPE_FAILED = "not enough pretraining runs", "recipe failed"
-UNFINISHED = ("RUNNING", "SCHEDULED", "KILLED")  # MLflow statuses of a run that has not ended (KILLED: stopped, resumable)
 NOT_COMPARABLE, NOT_MEASURED = "not comparable", "not measured"
 FIRM = (HOLDS, FAILS, NEGLIGIBLE)  # the verdicts that say something about the paper
 MIN_RUNS = 4

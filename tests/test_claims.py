@@ -335,3 +335,11 @@ def test_a_run_not_finished_is_never_a_recipe_failure():
     study.loc[study["run_id"] == "run-electra-3", "status"] = "FAILED"  # a crash is the recipe's
     assert verdict(judge(study, EMPTY_HISTORY, scores([])), TABLE1_ROW).startswith(
         f"{RECIPE_FAILED} for electra (2 of 4 runs trained: ")
+
+
+def test_the_gate_table_lists_a_run_not_finished_as_that_alone():
+    """A run stopped at step 650 of 3,000 fails criteria its finished run may pass: the table says "not
+    finished", never the criteria its partial metrics miss."""
+    study = runs(electra=[{}, {}, {}, {"copy_accuracy_replaced": 0.0, "aux_mlm_accuracy": 0.04}])
+    study.loc[study["run_id"] == "run-electra-3", "status"] = "RUNNING"
+    assert "| tiny | electra | 4 | 3 | not finished (1) |" in claims_markdown([], study)

@@ -22,6 +22,8 @@ from jobs.names import RANDOM_INIT_VARIANT, REPRESENT_METRICS
 TRAINED = "trained"
 CONTROL = "control"  # the random-init encoder: a reference, never gated
 FINISHED = "FINISHED"
+UNFINISHED = ("RUNNING", "SCHEDULED", "KILLED")  # MLflow statuses of a run that has not ended (KILLED: stopped, resumable)
+NOT_FINISHED = "not finished"  # such a run's only verdict: its partial metrics say nothing about the recipe
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ GATE_PARAMS = tuple(c.needs_param for c in CRITERIA if c.needs_param)  # the run
 @dataclass(frozen=True)
 class GateResult:
     verdict: str  # TRAINED, CONTROL, or "failed: <each failed criterion with the run's value>"
-    failed: tuple[str, ...] = ()  # the failed criteria's names (or "run failed", "stopped")
+    failed: tuple[str, ...] = ()  # the failed criteria's names (or "run failed", "stopped", NOT_FINISHED)
     checked: tuple[str, ...] = ()  # the criteria that applied
 
     @property
@@ -81,6 +83,8 @@ def gate(variant: str, status: str, stopped: str, metrics: Mapping[str, float],
     """Whether a pretraining run trained, from its status, stop reason, metrics and params."""
     if variant == RANDOM_INIT_VARIANT:
         return GateResult(CONTROL)
+    if status in UNFINISHED:  # mid-run metrics would fail criteria the finished run may well pass
+        return GateResult(f"{NOT_FINISHED} (run {status.lower()})", (NOT_FINISHED,))
     failed: list[tuple[str, str]] = []
     if status != FINISHED:
         failed.append((f"run {status.lower()}", f"run {status.lower()}"))
