@@ -18,7 +18,7 @@ from jobs.names import (DEV_STAT, KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KI
 from jobs.studies.gate import GATE_PARAMS
 
 # The params that say how much a pretraining run trained: two runs are compared only when these agree.
-BUDGET_PARAMS = ("train.max_steps", "train.global_batch", "data.seq_len")
+BUDGET_PARAMS = ("train.max_steps", "train.global_batch", "data.seq_len", "train.long_steps", "data.long_seq_len")
 SEED_PARAMS = ("train.seed", "data.seed")  # a study's pretraining seed sets both (jobs.studies.ablate)
 
 

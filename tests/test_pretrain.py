@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import available_presets, available_variants, from_yaml, resolve, to_yaml, with_vocab_size
 from jobs.pretraining.job import check_compile_toolchain, main, run
-from jobs.pretraining.loop import build_training, merged_precision, resumed_seed
+from jobs.pretraining.loop import LONG_SHARD, build_training, merged_precision, phase, resumed_seed
 from model import VARIANTS
 from model.bench import random_batch
 
@@ -265,6 +266,36 @@ def test_an_elastic_run_keeps_its_global_batch_and_data_position_at_every_world_
     assert (state.batches_in_epoch, state.world_size) == (4, 3)
 
 
+def test_a_long_phase_trains_the_last_steps_on_longer_blocks_and_is_checked_before_ray():
+    """BERT's recipe: the last train.long_steps steps on blocks of data.long_seq_len; both or neither."""
+    cfg = resolve("tiny", "cocolm", ["train.max_steps=100", "train.long_steps=10", "data.long_seq_len=256"])
+    assert [cfg.seq_len_at(done) for done in (0, 89, 90, 99)] == [128, 128, 256, 256]
+    assert cfg.tokens_left(0) == 32 * (90 * 128 + 10 * 256) and cfg.tokens_left(95) == 32 * 5 * 256
+    plain = resolve("tiny", "cocolm", ["train.max_steps=100"])
+    assert {plain.seq_len_at(done) for done in range(100)} == {128} and plain.tokens_left(40) == 32 * 60 * 128
+    for overrides, message in ((["data.long_seq_len=256"], "go together"), (["train.long_steps=10"], "go together"),
+                               (["train.long_steps=10", "data.long_seq_len=128"], "must be longer than data.seq_len"),
+                               (["train.long_steps=10", "data.long_seq_len=1024"], "at most model.max_positions"),
+                               (["train.long_steps=100", "data.long_seq_len=256"], "fewer than train.max_steps")):
+        with pytest.raises(UserError, match=message):
+            resolve("tiny", "cocolm", ["train.max_steps=100", *overrides])
+
+
+def test_the_long_phase_reads_its_own_stream_from_its_start_once_on_either_side_of_a_resume():
+    cfg = resolve("tiny", "cocolm", ["train.max_steps=100", "train.long_steps=10", "data.long_seq_len=256"])
+    state = TrainState(step=89, epoch=2, batches_in_epoch=7, seq_len=128)
+    data, shard = phase(cfg, state)
+    assert (data.seq_len, shard, state.epoch, state.batches_in_epoch) == (128, "train", 2, 7)
+    state.step = 90  # the switch: the long stream from its first batch
+    data, shard = phase(cfg, state)
+    assert (data.seq_len, shard, state.epoch, state.batches_in_epoch, state.seq_len) == (256, LONG_SHARD, 0, 0, 256)
+    assert data == replace(cfg.data, seq_len=256)
+    state.batches_in_epoch = 6  # a resume inside the long phase reads on where it stopped
+    assert phase(cfg, state)[1] == LONG_SHARD and state.batches_in_epoch == 6
+    old = TrainState(step=50, epoch=1, batches_in_epoch=3)  # a checkpoint from before the field: data.seq_len's
+    assert phase(cfg, old)[1] == "train" and (old.epoch, old.batches_in_epoch, old.seq_len) == (1, 3, 128)
+
+
 def test_after_a_resume_every_rank_draws_its_own_random_stream():
     seeds = {resumed_seed(0, rank, step) for rank in range(1, 8) for step in (10, 20, 30)}
     assert len(seeds) == 21 and not seeds & {0 + rank for rank in range(8)}  # nor a fresh start's seed + rank
@@ -420,11 +451,16 @@ def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local
 @pytest.mark.timeout(600)
 def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home, monkeypatch):
     """Also the job's fixed-shape path (train.fixed_shapes: every batch padded to one masked count; the
-    whole-step compile is left to tests/test_fixed_shapes.py), recorded in the run's params."""
+    whole-step compile is left to tests/test_fixed_shapes.py), recorded in the run's params, and a long
+    phase (the last 10 steps on blocks of 256) entered after the resume from the checkpoint at the switch."""
     monkeypatch.setenv(faults.ENV, json.dumps({"pretraining_step": 12}))  # rank 0 dies once at step 12
-    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fixed_shapes=true")
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fixed_shapes=true",
+               "train.long_steps=10", "data.long_seq_len=256")
     result = run(cfg)
     assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
+    state = json.loads((Path(result.checkpoint) / "state.json").read_text())
+    assert (state["seq_len"], state["tokens_seen"]) == (256, 32 * (10 * 128 + 10 * 256))
+    assert state["batches_in_epoch"] == 2 * 10  # the long stream read from its start: 10 steps of 2 micro-batches
     assert (home / "ray_results" / result.run_name / "injected_failure").exists()
     client = MlflowClient(result.tracking_uri)
     assert [s for s, _ in history(client, result.run_id, "loss")][-1] == 20

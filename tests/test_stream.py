@@ -55,7 +55,8 @@ def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
 @pytest.fixture(scope="module")
 def stream(ray_local, corpus, tokenizer_dir):
     cfg = DataConfig(paths=(str(corpus[0]),), tokenizer_dir=str(tokenizer_dir), seq_len=SEQ_LEN, pack_batch_docs=16,
-                     batch_size=32, seed=7, block_bytes=16 << 10)  # small blocks: several per shard
+                     batch_size=32, seed=7, block_bytes=16 << 10,  # small blocks: several per shard
+                     long_seq_len=2 * SEQ_LEN)  # a long phase's blocks, lazy: read only where a test reads them
     return cfg, build_stream(cfg, resolve_tokenizer(cfg))
 
 
@@ -99,6 +100,15 @@ def test_stream_keeps_every_token_of_every_document(stream, blocks, corpus, toke
     assert (summary.files, summary.documents, summary.skipped) == (4, 240, {})
 
 
+def test_the_long_phase_stream_packs_the_same_documents_in_longer_blocks(stream, blocks):
+    long = np.concatenate([b["input_ids"] for b in stream[1].long_blocks.iter_batches(batch_size=None,
+                                                                                       batch_format="numpy")])
+    assert long.shape[1] == 2 * SEQ_LEN and (long[:, 0] == SPECIAL.cls).all()
+    assert _documents_in(long) == _documents_in(blocks)  # every document, in corpus order
+    summary = skip_summary(stream[1].skips)  # a second pass over the files sets their counts, never adds
+    assert (summary.files, summary.documents) == (4, 240)
+
+
 # ---------------------------------------------------------------- corruption
 
 
@@ -137,7 +147,7 @@ def test_same_seed_same_batches_whatever_the_order(blocks):
 
 
 def test_two_passes_of_the_ray_stream_give_the_same_batches(stream):
-    cfg, (blocks, _, _) = stream
+    cfg, (blocks, *_) = stream
 
     def by_block(epoch: int) -> dict[bytes, bytes]:
         return {row.numpy().tobytes(): masked.numpy().tobytes()
@@ -206,7 +216,7 @@ def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    cfg, (blocks, _, _) = stream
+    cfg, (blocks, *_) = stream
 
     def loop(config: dict) -> None:
         import ray.train

@@ -17,6 +17,9 @@ class DataConfig:
     #                          model.vocab_size, from the tokenizer it loads (jobs.pretraining.config.with_vocab_size)
     cased: bool = False  # likewise
     seq_len: int = 512  # block length T, [CLS] included
+    long_seq_len: int = 0  # the block length of the last train.long_steps steps (BERT's 90/10 recipe: most
+    #                        steps on short blocks, the last tenth on the readouts' length, so the absolute
+    #                        position embeddings past seq_len are trained); 0 = every step on seq_len
     mask_rate: float = 0.15
     crop_fraction: float = 0.9  # SCL crop length int(crop_fraction * T)
     max_record_chars: int = DEFAULT_MAX_RECORD_CHARS  # longer records are skipped and counted

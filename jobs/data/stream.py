@@ -64,6 +64,7 @@ class Stream(NamedTuple):
     blocks: ray.data.Dataset  # packed blocks, column input_ids (seq_len,) int32
     skips: ray.actor.ActorHandle  # jobs.data.corpus.SkipCounter: `skip_summary(skips)` after an epoch
     tokenizer_dir: Path  # saved with checkpoints; its vocabulary is the model's
+    long_blocks: ray.data.Dataset | None = None  # the same documents in blocks of long_seq_len, if it is set
 
 
 def check_inputs(cfg: DataConfig) -> None:
@@ -102,18 +103,25 @@ def build_stream(cfg: DataConfig, tokenizer_dir: Path) -> Stream:
     this module, which every Ray Data worker imports for its UDFs, imports no tokenizer training
     (sentencepiece, transformers, mlflow)."""
     documents, skips = read_documents(corpus_paths(cfg), cfg.max_record_chars, num_cpus=cfg.data_cpus)
+    # The tokenizer travels with the task, not as a path: the driver's cache dir may not exist on the node that runs it.
+    tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")
+    long_blocks = _packed(documents, cfg, tokenizer_json, cfg.long_seq_len) if cfg.long_seq_len else None
+    return Stream(_packed(documents, cfg, tokenizer_json, cfg.seq_len), skips, tokenizer_dir, long_blocks)
+
+
+def _packed(documents: ray.data.Dataset, cfg: DataConfig, tokenizer_json: str, seq_len: int) -> ray.data.Dataset:
+    """The documents in blocks of `seq_len`, in corpus order. A second length reads the corpus again (the skip
+    counter sets each file's counts, so they are not doubled)."""
     blocks = documents.map_batches(
         _tokenize_and_pack,
         batch_size=cfg.pack_batch_docs,
         batch_format="numpy",
         num_cpus=cfg.data_cpus,
-        # The tokenizer travels with the task, not as a path: the driver's cache dir may not exist
-        # on the node that runs it.
-        fn_kwargs={"tokenizer_json": (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"), "seq_len": cfg.seq_len},
+        fn_kwargs={"tokenizer_json": tokenizer_json, "seq_len": seq_len},
     )
     blocks.context.target_max_block_size = cfg.block_bytes  # this dataset's context: applies to every stage
     blocks.context.execution_options.preserve_order = True  # corpus order when iterated here (Ray Train: ingest_config)
-    return Stream(blocks, skips, tokenizer_dir)
+    return blocks
 
 
 def ingest_config() -> ray.train.DataConfig:

@@ -5,7 +5,7 @@
     optimizer.pt    AdamW state          scheduler.pt   LR schedule state
     rng.pt          torch's RNG state of rank 0, a tensor (dropout; the data corruption is seeded per block)
     rng.json        python's RNG state of rank 0 (a version, 625 ints, the gauss cache)
-    state.json      step, data position (epoch, batches consumed in it), tokens seen, hours spent
+    state.json      step, data position (epoch, batches consumed in it, their block length), tokens seen, hours spent
     config.yaml     the resolved run config       tokenizer/   the tokenizer files
 
 Nothing in a checkpoint is unpickled: every .pt file is read with torch's weights_only loader, which
@@ -42,6 +42,8 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches each worker consumed in `epoch`: skipped on resume
+    seq_len: int = 0  # the block length of the stream `epoch` and `batches_in_epoch` count in (0: data.seq_len,
+    #                   as in checkpoints from before data.long_seq_len)
     world_size: int = 1  # workers that consumed them: a resume with another world size rescales the skip
     tokens_seen: int = 0
     device_hours: float = 0.0  # accelerator-hours (GPU-hours on GPU, worker-hours on CPU)

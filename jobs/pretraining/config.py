@@ -50,6 +50,7 @@ class TrainConfig(OptimizerConfig):
     compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
     #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
     seed: int = 0
+    long_steps: int = 0  # the last this many steps train on blocks of data.long_seq_len (0: none)
     log_every: int = 100
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
@@ -105,6 +106,38 @@ class PretrainConfig:
             if self.train.global_batch % (self.data.batch_size * workers):
                 raise UserError(f"train.global_batch={self.train.global_batch} is not a multiple of data.batch_size x "
                                  f"workers = {self.data.batch_size} x {workers}")
+        self._check_long_phase()
+
+    def _check_long_phase(self) -> None:
+        """data.long_seq_len and train.long_steps go together: a tail of steps on longer blocks, within the run
+        and within the position table."""
+        long_len, steps, t = self.data.long_seq_len, self.train.long_steps, self.train
+        if bool(long_len) != bool(steps):
+            raise UserError(f"data.long_seq_len={long_len} and train.long_steps={steps} go together: set both "
+                            "(the last long_steps steps on blocks of long_seq_len) or neither")
+        if not steps:
+            return
+        if not self.data.seq_len < long_len <= self.model.max_positions:
+            raise UserError(f"data.long_seq_len={long_len} must be longer than data.seq_len={self.data.seq_len} "
+                            f"and at most model.max_positions={self.model.max_positions}")
+        if steps >= t.max_steps:
+            raise UserError(f"train.long_steps={steps} must be fewer than train.max_steps={t.max_steps}: "
+                            "set data.seq_len instead to train every step on one length")
+
+    @property
+    def long_from(self) -> int:
+        """The optimizer steps done when the long phase starts (max_steps: no long phase)."""
+        return self.train.max_steps - self.train.long_steps
+
+    def seq_len_at(self, done: int) -> int:
+        """The block length of the optimizer step after `done` steps."""
+        return self.data.long_seq_len if self.train.long_steps and done >= self.long_from else self.data.seq_len
+
+    def tokens_left(self, done: int) -> int:
+        """Tokens of the steps after `done` steps, the long phase's counted at its length."""
+        long = self.train.max_steps - max(done, self.long_from)
+        short = max(0, self.long_from - done)
+        return self.train.global_batch * (short * self.data.seq_len + long * self.data.long_seq_len)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -307,14 +340,16 @@ RANGES: dict[str, Range] = {
     **{f"objective.{k}": NON_NEGATIVE for k in ("aux_mlm_weight", "copy_weight", "lm_weight", "scl_weight")},
     "objective.scl_temperature": POSITIVE, "objective.aux_unchanged_fraction": PROBABILITY,
     "objective.cls_cosines_every": AT_LEAST_ONE,
-    "data.vocab_size": AT_LEAST_ONE, "data.seq_len": Range(2), "data.mask_rate": OPEN_FRACTION,
+    "data.vocab_size": AT_LEAST_ONE, "data.seq_len": Range(2), "data.long_seq_len": NON_NEGATIVE,
+    "data.mask_rate": OPEN_FRACTION,
     "data.crop_fraction": OPEN_FRACTION, "data.max_record_chars": AT_LEAST_ONE, "data.seed": NON_NEGATIVE,
     "data.pack_batch_docs": AT_LEAST_ONE, "data.batch_size": AT_LEAST_ONE, "data.shuffle_buffer": NON_NEGATIVE,
     "data.data_cpus": POSITIVE, "data.block_bytes": AT_LEAST_ONE,
     "train.peak_lr": POSITIVE, "train.warmup_steps": NON_NEGATIVE, "train.max_steps": AT_LEAST_ONE,
     "train.adamw.weight_decay": NON_NEGATIVE, "train.adamw.beta1": PROBABILITY, "train.adamw.beta2": PROBABILITY,
     "train.adamw.eps": POSITIVE, "train.clip_norm": POSITIVE, "train.position_bias_lr_scale": POSITIVE,
-    "train.global_batch": AT_LEAST_ONE, "train.seed": NON_NEGATIVE, "train.log_every": AT_LEAST_ONE,
+    "train.global_batch": AT_LEAST_ONE, "train.seed": NON_NEGATIVE, "train.long_steps": NON_NEGATIVE,
+    "train.log_every": AT_LEAST_ONE,
     "train.checkpoint_every": AT_LEAST_ONE, "train.keep_checkpoints": AT_LEAST_ONE,
     "train.max_failures": NON_NEGATIVE,
     "cluster.workers": AT_LEAST_ONE, "cluster.min_workers": NON_NEGATIVE, "cluster.gpus_per_worker": NON_NEGATIVE,

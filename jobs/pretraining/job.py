@@ -36,7 +36,7 @@ from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import PretrainConfig, available_presets, resolve, to_yaml, with_vocab_size
-from jobs.pretraining.loop import LoopContext, check_step_options, train_loop_per_worker
+from jobs.pretraining.loop import LONG_SHARD, LoopContext, check_step_options, train_loop_per_worker
 from jobs.ray_session import init_ray
 
 
@@ -173,7 +173,7 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
-        datasets={"train": stream.blocks},
+        datasets={"train": stream.blocks, **({LONG_SHARD: stream.long_blocks} if stream.long_blocks is not None else {})},
         dataset_config=ingest_config(),  # the stream's order: the same seed reads the same batches
     )
     result = trainer.fit()

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray.train
@@ -28,11 +28,15 @@ from model.step import (STEP_COMPILE_MODES, Interval, TrainingStep, build_optimi
                         fp32_fallback_note, step_precision)
 
 from jobs.cli import UserError
+from jobs.data.config import DataConfig
 from jobs.data.stream import pretraining_batches
 from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import PretrainConfig, to_yaml
+
+
+LONG_SHARD = "long"  # Ray Train's name for the stream of data.long_seq_len blocks (the job's datasets)
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,6 @@ class Logger:
         self.attention = ""  # the attention text last logged
         self.client = MlflowClient(ctx.tracking_uri) if self.enabled else None
         self.run_id, self.cfg, self.world_size, self.device = ctx.run_id, cfg, world_size, device
-        self.flops = step_flops(cfg.model, cfg.objective, cfg.data.seq_len, cfg.train.global_batch,
-                                cfg.data.mask_rate, cfg.data.crop_fraction)
         peak = device_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         self.peak = peak * world_size if peak else None
 
@@ -109,15 +111,18 @@ class Logger:
             return
         seconds = time.perf_counter() - interval.started
         step_seconds = seconds / max(1, interval.steps)
-        tokens = interval.steps * self.cfg.train.global_batch * self.cfg.data.seq_len
+        seq_len = self.cfg.seq_len_at(state.step - 1)  # the interval's last step's (a log interval ends at the switch)
+        tokens = interval.steps * self.cfg.train.global_batch * seq_len
         hours_key = "gpu_hours" if self.device.type == "cuda" else "cpu_worker_hours"
         metrics = {**interval.means(), "learning_rate": lr, "grad_norm": grad_norm,
                    "tokens_per_second": tokens / seconds, hours_key: state.device_hours}
         if self.peak:
-            metrics["mfu"] = self.flops / step_seconds / self.peak
+            c = self.cfg
+            flops = step_flops(c.model, c.objective, seq_len, c.train.global_batch, c.data.mask_rate, c.data.crop_fraction)
+            metrics["mfu"] = flops / step_seconds / self.peak
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, state.step) for k, v in metrics.items()])
-        left = (self.cfg.train.max_steps - state.step) * step_seconds
+        left = self.cfg.tokens_left(state.step) / (tokens / seconds)  # at this rate, the long phase's longer steps included
         say(f"step {state.step}/{self.cfg.train.max_steps} | loss {metrics['loss']:.3f} | "
               + " ".join(f"{k.removesuffix('_loss')} {metrics[k]:.3f}" for k in
                          ("aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss") if k in metrics)
@@ -240,19 +245,19 @@ def train_loop_per_worker(config: dict) -> None:
     fixed_rate = cfg.data.mask_rate if cfg.train.fixed_shapes else None
     logger = Logger(ctx, cfg, rank, world_size, device, model)
     logger.precision(precision)
-    shard = ray.train.get_dataset_shard("train")
     interval, micro, last_step_time = Interval(), 0, time.perf_counter()
-    warmed_up = False
+    warmed_up = 0  # the block length warmed up at
     gpus = world_size * (1 if device.type == "cuda" else 0)
 
     while state.step < cfg.train.max_steps:
+        data_cfg, shard = phase(cfg, state)
         # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
-        batches = pretraining_batches(shard, cfg.data, state.epoch, drop_last=True, skip=state.batches_in_epoch)
+        batches = pretraining_batches(ray.train.get_dataset_shard(shard), data_cfg, state.epoch, drop_last=True, skip=state.batches_in_epoch)
         for batch in batches:
             batch = to_device(batch, device, fixed_rate)  # the step's host-side inputs computed before the copy
-            if not warmed_up:  # attention probed and tuned at the step's shapes, eagerly, rank 0 first
+            if warmed_up != data_cfg.seq_len:  # attention probed and tuned at the step's shapes, eagerly, rank 0 first
                 step.warm_up(batch, model)
-                warmed_up = True
+                warmed_up = data_cfg.seq_len
             micro += 1
             last = micro % accumulation == 0
             interval.add(step.micro_batch(batch, last))
@@ -262,12 +267,13 @@ def train_loop_per_worker(config: dict) -> None:
             grad_norm = step.update()
             now = time.perf_counter()
             state.step += 1
-            state.tokens_seen += cfg.train.global_batch * cfg.data.seq_len
+            state.tokens_seen += cfg.train.global_batch * data_cfg.seq_len
             state.device_hours += (now - last_step_time) * (gpus or world_size) / 3600
             last_step_time = now
             interval.record(state.step, grad_norm)
             final = state.step == cfg.train.max_steps
-            log_now = state.step % cfg.train.log_every == 0 or final
+            switch = state.step == cfg.long_from and not final  # the long phase's stream from the next step
+            log_now = state.step % cfg.train.log_every == 0 or final or switch  # no interval spans two lengths
             checkpoint_now = state.step % cfg.train.checkpoint_every == 0 or final
             if log_now or checkpoint_now:
                 # The norms are read here, not per step (the host never waits inside a step); the
@@ -286,8 +292,24 @@ def train_loop_per_worker(config: dict) -> None:
             _maybe_inject_failure(ctx, cfg, state, rank)
             if state.step >= cfg.train.max_steps:
                 return
-        state.epoch += 1
-        state.batches_in_epoch = 0
+            if switch:
+                break
+        else:
+            state.epoch += 1
+            state.batches_in_epoch = 0
+
+
+def phase(cfg: PretrainConfig, state: TrainState) -> tuple[DataConfig, str]:
+    """The data config and the dataset shard of the next step: data.seq_len's stream, then for the last
+    train.long_steps steps data.long_seq_len's, read from its start (the state's data position is moved
+    to it once, so a resume on either side of the switch reads on where it stopped)."""
+    seq_len = cfg.seq_len_at(state.step)
+    if (state.seq_len or cfg.data.seq_len) != seq_len:
+        state.epoch, state.batches_in_epoch = 0, 0
+    state.seq_len = seq_len
+    if seq_len == cfg.data.seq_len:
+        return cfg.data, "train"
+    return replace(cfg.data, seq_len=seq_len), LONG_SHARD
 
 
 def optimizer_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

@@ -203,11 +203,11 @@ def untrained_positions_note(opts: AblationOptions, configs: dict[tuple[int, str
     """One line where a readout reads positions that pretraining never trained, else "". Blocks shorter
     than the readouts (a cheaper CPU recipe) never train the absolute position embeddings from the block
     length on; every variant and the control share that, but a reader of the readouts must know it."""
-    seq_len = min(cfg.data.seq_len for cfg in configs.values())
+    seq_len = min(max(cfg.data.seq_len, cfg.data.long_seq_len) for cfg in configs.values())
     past = {name: length for name, length in readout_lengths(opts).items() if length > seq_len}
     if not past:
         return ""
-    return (f"note: pretraining trains positions 0-{seq_len - 1} (data.seq_len={seq_len}), but "
+    return (f"note: pretraining trains positions 0-{seq_len - 1} (data.seq_len, data.long_seq_len), but "
             + ", ".join(f"{name} read up to {length} tokens" for name, length in past.items())
             + f": the absolute position embeddings from {seq_len} on are never trained (weight decay only shrinks them)")
 

@@ -262,6 +262,9 @@ def run(opts: CurvesOptions) -> list[dict]:
         print(plot([Path(p) for p in opts.plot], Path(opts.out or "curves.png")))
         return []
     cfg = resolve(opts.preset, opts.variant, list(opts.overrides))  # checks global_batch against batch_size
+    if cfg.train.long_steps:
+        raise UserError("curves trains on one folder of packed blocks, one length: a long phase (train.long_steps, "
+                        "data.long_seq_len) runs in the pretraining job only")
     blocks, meta = load_blocks(Path(opts.blocks), cfg.data.seq_len)
     cfg = with_vocab_size(cfg, meta["vocab_size"])
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
