@@ -252,7 +252,8 @@ def train_loop_per_worker(config: dict) -> None:
     while state.step < cfg.train.max_steps:
         data_cfg, shard = phase(cfg, state)
         # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
-        batches = pretraining_batches(ray.train.get_dataset_shard(shard), data_cfg, state.epoch, drop_last=True, skip=state.batches_in_epoch)
+        batches = pretraining_batches(ray.train.get_dataset_shard(shard), data_cfg, state.epoch, drop_last=True,
+                                      skip=state.batches_in_epoch)
         for batch in batches:
             batch = to_device(batch, device, fixed_rate)  # the step's host-side inputs computed before the copy
             if warmed_up != data_cfg.seq_len:  # attention probed and tuned at the step's shapes, eagerly, rank 0 first
