@@ -23,13 +23,18 @@ implementations compute the same thing:
   device, or Triton's interpreter on CPU (the tests). On a GPU each shape (`TritonShape`: T, padding,
   dropout, with or without gradients, ...) is probed eagerly before its first call (`probe_triton`;
   `model.step.TrainingStep.warm_up` does it before a compiled step is traced); where that fails,
-  that shape alone falls back, with one warning naming it and the cause, to what 'auto' picked
-  before this kernel existed (flex without active attention dropout, SDPA with it).
+  that shape alone falls back, with one warning naming it and the cause, to what 'auto' picks
+  (flex without active attention dropout, SDPA with it).
 - 'reference' spells the softmax out; the tests compare the others against it.
 
-'auto' (the default) picks 'triton' on CUDA, in training and eval, with attention dropout on or
-off, and SDPA elsewhere. Attention dropout and flex: FlexAttention has no dropout, and dropout on
-the attention probabilities cannot be written as a score modification (dropping a probability
+'auto' (the default) picks what measured fastest on an H100 (docs/design.md 7.2): on CUDA flex while
+no attention dropout is active and SDPA with it, SDPA elsewhere. Our kernel is chosen by name
+('triton'): its three kernels take 1.25 ms per call at base (T 512, dropout 0.1), against SDPA's
+1.88 ms, but the call as a whole took 2.04 ms and the COCO-LM step 134.1 ms against SDPA's 127.1 ms;
+until the call is as fast as its kernels, 'auto' does not pick it.
+
+Attention dropout and flex: FlexAttention has no dropout, and dropout on the attention probabilities
+cannot be written as a score modification (dropping a probability
 keeps the softmax's normaliser; masking a score changes it). The paper trains with attention
 dropout 0.1, so we never drop it silently: asking for 'flex' explicitly while attention dropout is
 active is an error, and the fallback from 'triton' takes flex only while no dropout is active.
@@ -57,7 +62,7 @@ def _fused_kernel_module():
     """model.kernels.attention (it imports without triton too), or None where this file runs without the
     subpackage: an exported encoder (model.export) carries this file but not model.kernels, as
     transformers copies remote code as flat modules and follows flat relative imports only. Imported by
-    name for that reason; there 'auto' keeps the rule it had before the kernel (`fallback_attention`)."""
+    name for that reason; there 'triton' cannot run and raises, naming why."""
     try:
         return importlib.import_module(".kernels.attention", __package__)
     except ModuleNotFoundError as error:
@@ -394,14 +399,22 @@ def probe_flex(device: torch.device, heads: int, head_dim: int, dtype: torch.dty
         raise FlexUnavailable(f"no flex tile fits {torch.cuda.get_device_name(device)}'s shared memory")
     mask = torch.ones(1, seq_len, dtype=torch.bool, device=device)
     mask[0, 200:] = False
-    q, k, v = (torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
-               for _ in range(3))
-    bias = torch.zeros(1, heads, seq_len, seq_len, device=device, requires_grad=True) if relative else None
-    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
-        flex_relative_attention(q, k, v, flex_bias(mask, bias, options)).sum().backward()
-    with torch.no_grad():
-        flex_relative_attention(q, k, v, flex_bias(mask, bias, options))
+    with own_random_state(device):
+        q, k, v = (torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        bias = torch.zeros(1, heads, seq_len, seq_len, device=device, requires_grad=True) if relative else None
+        with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            flex_relative_attention(q, k, v, flex_bias(mask, bias, options)).sum().backward()
+        with torch.no_grad():
+            flex_relative_attention(q, k, v, flex_bias(mask, bias, options))
     torch.cuda.synchronize(device)
+
+
+def own_random_state(device: torch.device) -> contextlib.AbstractContextManager:
+    """Torch's random state (CPU, and `device`'s where it is a GPU) put back on exit: a probe draws its
+    random inputs and its dropout seeds without moving the stream a seeded run draws from, so a run gives
+    the same numbers whether or not a probe ran before its first call."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
 
 
 @dataclass(frozen=True)
@@ -505,15 +518,15 @@ def probe_triton(shape: TritonShape, batch: int, reach: int) -> None:
     device = torch.device(shape.device)
     tiles = [(1, PROBE_BLOCKS)] + ([(batch, None)] if shape.grad else [])
     for size, blocks in tiles:
-        q, k, v = (torch.randn(size, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=shape.dtype,
-                               requires_grad=shape.grad) for _ in range(3))
-        bias = (torch.zeros(shape.heads, 2 * reach + 1, device=device, requires_grad=shape.grad)
-                if shape.relative else None)
         mask = None
         if shape.padded:
             mask = torch.ones(size, shape.seq_len, dtype=torch.bool, device=device)
             mask[-1, shape.seq_len // 2:] = False
-        with torch.set_grad_enabled(shape.grad), torch.autocast(device.type, enabled=False):
+        with own_random_state(device), torch.set_grad_enabled(shape.grad), torch.autocast(device.type, enabled=False):
+            q, k, v = (torch.randn(size, shape.heads, shape.seq_len, shape.head_dim, device=device,
+                                   dtype=shape.dtype, requires_grad=shape.grad) for _ in range(3))
+            bias = (torch.zeros(shape.heads, 2 * reach + 1, device=device, requires_grad=shape.grad)
+                    if shape.relative else None)
             out = fused_relative_attention(q, k, v, bias, mask, shape.dropout_p, blocks=blocks)
             if shape.grad:
                 out.float().sum().backward()
@@ -575,14 +588,13 @@ def check_attention_choice(choice: str) -> None:
 
 
 def resolve_attention(choice: str, device: torch.device, dropout_active: bool) -> str:
-    """The implementation to run for `choice`: 'auto' is the Triton kernel on CUDA (training and eval,
-    attention dropout on or off), SDPA elsewhere; explicit 'flex' with active attention dropout is an
-    error, never a silent drop. Where the Triton kernel fails, the encoder runs `fallback_attention`,
-    which is also 'auto''s choice in an exported encoder (no model.kernels there)."""
+    """The implementation to run for `choice`: 'auto' is `fallback_attention` (flex on CUDA without active
+    attention dropout, SDPA otherwise: the fastest measured on an H100, module docstring); explicit 'flex'
+    with active attention dropout is an error, never a silent drop. Where 'triton' fails at a shape, the
+    encoder runs `fallback_attention` there."""
     check_attention_choice(choice)
     if choice == "auto":
-        on_cuda = device.type == "cuda" and _FUSED_KERNELS is not None
-        return "triton" if on_cuda else fallback_attention(device, dropout_active)
+        return fallback_attention(device, dropout_active)
     if choice == "flex" and dropout_active:
         raise ValueError(
             "flex attention has no attention dropout: set the model's attention_dropout to 0 "
@@ -592,8 +604,8 @@ def resolve_attention(choice: str, device: torch.device, dropout_active: bool) -
 
 
 def fallback_attention(device: torch.device, dropout_active: bool) -> str:
-    """What runs where the Triton kernel does not: 'auto''s choice before that kernel existed, flex on
-    CUDA while no attention dropout is active (itself probed, with SDPA behind it), SDPA otherwise."""
+    """'auto''s choice, and what runs where the Triton kernel does not: flex on CUDA while no attention
+    dropout is active (itself probed, with SDPA behind it), SDPA otherwise."""
     return "flex" if device.type == "cuda" and not dropout_active else "sdpa"
 
 

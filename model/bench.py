@@ -23,23 +23,25 @@ compilation; needs only torch, transformers and pytest):
     python -m pytest -q tests/test_triton_attention.py     # the Triton kernel, every test on the GPU
 
 then measure the paper's setting (attention dropout 0.1) and the fast setting (no attention
-dropout), each against both peers, with 'auto' (the Triton kernel) and with the kernels it
-replaces (SDPA's memory-efficient kernel with the bias; FlexAttention with the bias fused); each
-side compiles first:
+dropout), each against both peers, with 'auto' (SDPA's memory-efficient kernel with the bias; without
+dropout FlexAttention with the bias fused) and with our Triton kernel; each side compiles first; and
+attention alone, our kernel against SDPA's (`--profile` adds where its call's time goes):
 
     python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all
-    python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all --attention sdpa
+    python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all --attention triton
     python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --peer all --attention-dropout 0
     python -m model.bench --preset base --seq-len 512 --batch-size 32 --steps 20 --compile --attention-dropout 0 \
-        --attention flex
+        --attention triton
+    python -m model.bench --preset base --seq-len 512 --batch-size 32 --attention-alone [--attention-dropout 0] [--profile]
 
 Targets (printed as met or NOT met at base, T=512, on a GPU; never asserted): with attention
 dropout, the COCO-LM step at >= 1.0x the ELECTRA peer's MFU; without, >= 35% MFU and >= 1.3x the
 peer (the goal beyond that: 45%).
 
-'auto' runs our fused Triton kernel (`model.kernels.attention`) on CUDA, with or without attention
-dropout, and SDPA elsewhere; where the kernel fails its probe, flex (no dropout active) or SDPA
-(see `model.attention`). The line `attention` after our side names what ran, per kind of pass,
+'auto' runs flex on CUDA while no attention dropout is active and SDPA otherwise: measured faster on
+an H100 than our fused Triton kernel (`model.kernels.attention`), which `--attention triton` runs;
+where the kernel fails its probe, that shape runs what 'auto' picks (see `model.attention`). The line
+`attention` after our side names what ran, per kind of pass,
 after any fallback, and every fallback with its shape and cause. --compiles prints, without running
 anything on a device, how many Triton kernel variants a process compiles before its first step
 (docs/design.md 7.2). --attention triton forces the kernel; FlexAttention has no attention dropout,
@@ -80,8 +82,12 @@ import torch
 import transformers
 import yaml
 from torch import nn
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .attention import ATTENTION_CHOICES, kernel_variants, planning, resolve_attention
+from .attention import (
+    ATTENTION_CHOICES, RelativePositionBias, fused_relative_attention, kernel_variants, planning, resolve_attention,
+)
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
 from .encoder import Encoder, attention_fallbacks, attention_ran, compile_encoders
@@ -224,14 +230,7 @@ def time_step(
     """Times `step` (the same loop for ours and the peers): `warmup` untimed calls (compilation
     happens there), then the mean over `steps` calls between device syncs; with `profile`, three
     more steps under torch.profiler, after the timing so they do not disturb it."""
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    step_seconds = (time.perf_counter() - start) / steps
+    step_seconds = seconds_per_call(step, device, steps, warmup)
     peak = device_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return BenchResult(
@@ -286,6 +285,70 @@ def run(
     flops = step_flops(model_cfg, objective_cfg, seq_len, batch, crop_fraction=crop_fraction)
     result = time_step(step, flops, batch * seq_len, steps, warmup, dev, profile)
     return replace(result, attention=attention_ran(model))
+
+
+def attention_alone(
+    preset: str, seq_len: int, batch: int, dropout_p: float, device: str | None = None, repeats: int = 20,
+    profile: bool = False,
+) -> list[tuple[str, str]]:
+    """Attention alone at the preset's main-encoder shape, bf16 on CUDA (fp32 elsewhere): ms per call of
+    the forward and of forward + backward (gradients for q, k, v and the bias) for our Triton kernel
+    (the bias by distance, its gradient inside the kernel), SDPA's memory-efficient kernel with the
+    broadcast (1, heads, T, T) bias our SDPA path passes, and flash attention without a bias (what the
+    ELECTRA peer runs; the floor). The step bench times these inside a step; this separates the kernel
+    from the rest, so a step's gap can be split between attention and everything else. With `profile`,
+    each side's forward + backward under torch.profiler follows its times: host and device time per operator,
+    which shows a call that takes longer than its kernels."""
+    dev = _device(device)
+    cfg = bench_config(preset, "cocolm", dropout_p)[0].main
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    generator = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(batch, cfg.num_heads, seq_len, cfg.head_dim, device=dev, dtype=dtype,
+                           generator=generator).requires_grad_() for _ in range(3))
+    relative = RelativePositionBias(cfg).to(dev)
+    with torch.no_grad():  # a bias of some size, as a trained table has (standard deviation 2)
+        relative.table.weight.normal_(0.0, 2.0, generator=generator)
+    table = relative.by_distance(seq_len).detach().requires_grad_()  # (heads, 2S + 1) fp32
+    dense = relative(seq_len).to(dtype).detach().requires_grad_()  # (1, heads, T, T)
+
+    def sdpa(backend: SDPBackend, mask: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return call
+
+    sides = {
+        "triton (ours), bias by distance": lambda: fused_relative_attention(q, k, v, table, None, dropout_p),
+        "sdpa memory-efficient, bias (1, h, T, T)": sdpa(SDPBackend.EFFICIENT_ATTENTION, dense),
+        "sdpa flash, no bias (the ELECTRA peer's)": sdpa(SDPBackend.FLASH_ATTENTION, None),
+    }
+    grad = torch.randn_like(q)
+    rows = []
+    for name, call in sides.items():
+        try:
+            forward = 1000 * seconds_per_call(call, dev, repeats, warmup=3)
+            both = 1000 * seconds_per_call(lambda: call().backward(grad), dev, repeats, warmup=3)
+            rows.append((name, f"{forward:8.3f} ms {both:8.3f} ms"))
+            if profile:
+                rows.append(("", profile_table(lambda: call().backward(grad), dev, rows=15)))
+        except Exception as error:  # a backend this device or build lacks: say so, time the others
+            rows.append((name, f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:100]})"))
+        for tensor in (q, k, v, table, dense):
+            tensor.grad = None
+    return rows
+
+
+def seconds_per_call(call: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
+    """The mean wall time of `call` over `repeats` calls between device syncs, after `warmup` untimed ones
+    (compilation and autotuning happen there)."""
+    for _ in range(warmup):
+        call()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    _sync(device)
+    return (time.perf_counter() - start) / repeats
 
 
 def kernel_compiles(preset: str, seq_len: int, variant_name: str = "cocolm",
@@ -508,12 +571,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="print torch.profiler's costliest operators of each side after its timing")
     parser.add_argument("--cpu-bf16", action="store_true",
                         help="bf16 autocast on a CPU too, both sides (the pretraining job's train.bf16_on_cpu)")
+    parser.add_argument("--attention-alone", action="store_true",
+                        help="only time attention alone (forward; forward + backward) at the preset's main-encoder "
+                        "shape: our Triton kernel, SDPA's memory-efficient kernel with the bias, flash without one")
     parser.add_argument("--compiles", action="store_true",
                         help="only count the Triton kernel variants our step compiles before its first step "
                         "(on any device, without running it) and exit")
     args = parser.parse_args(argv)
     if args.compiles:
         print(compiles_line(args.preset, args.seq_len, args.variant, args.attention_dropout))
+        return
+    if args.attention_alone:
+        dropout_p = 0.1 if args.attention_dropout is None else args.attention_dropout
+        print(f"attention alone: preset={args.preset} B={args.batch_size} T={args.seq_len} dropout={dropout_p} "
+              f"torch={torch.__version__}; ms per call: forward, forward + backward")
+        for name, times in attention_alone(args.preset, args.seq_len, args.batch_size, dropout_p, args.device,
+                                           profile=args.profile):
+            print(f"{name:44s} {times}" if name else times)
         return
     dev = _device(args.device)
     model_cfg = bench_config(args.preset, args.variant, args.attention_dropout)[0]

@@ -126,7 +126,7 @@ class Encoder(nn.Module):
                 child.apply(init_weights)
 
     def set_attention(self, implementation: str) -> None:
-        """'auto' (default: the Triton kernel on CUDA, else SDPA), 'sdpa', 'flex', 'triton', or
+        """'auto' (default: flex on CUDA without active attention dropout, else SDPA), 'sdpa', 'flex', 'triton', or
         'reference' (the written-out softmax the tests compare against)."""
         check_attention_choice(implementation)
         self.attention_implementation = implementation

@@ -158,6 +158,8 @@ def scl_cosines(s_a: torch.Tensor, s_b: torch.Tensor) -> tuple[torch.Tensor, tor
     n = s_a.shape[0]
     cos = z @ z.T  # (2n, 2n)
     positive = torch.arange(2 * n, device=z.device).roll(n)  # i's partner is i + n (mod 2n)
-    is_negative = ~torch.eye(2 * n, dtype=torch.bool, device=z.device)
-    is_negative[torch.arange(2 * n, device=z.device), positive] = False
+    # itself and its partner (the identity rolled by n columns) are not negatives; built without an
+    # indexed assignment, which makes the host wait for a CUDA device (found on an H100)
+    itself = torch.eye(2 * n, dtype=torch.bool, device=z.device)
+    is_negative = ~(itself | itself.roll(n, dims=1))
     return cos.gather(1, positive[:, None]).mean(), masked_mean(cos, is_negative)

@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .attention import own_random_state
 from .encoder import PASS_KINDS, Encoder, probes_attention
 from .objective import PretrainingOutput
 
@@ -257,8 +258,7 @@ class TrainingStep:
         return True
 
     def _forward_once(self, batch: dict[str, torch.Tensor], module: nn.Module) -> None:
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self.autocast:
+        with own_random_state(self.device), self.autocast:
             module.forward(batch)  # not module(batch): a compiled module would trace here
 
     def micro_batch(self, batch: dict[str, torch.Tensor], last: bool) -> dict[str, torch.Tensor]:

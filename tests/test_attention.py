@@ -292,8 +292,8 @@ def test_triton_kernel_in_bf16_on_cuda_matches_the_fp32_reference_with_its_dropo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("compiled", [False, True])
-def test_the_default_attention_runs_the_triton_kernels_on_cuda(compiled, monkeypatch):
-    """'auto' in the paper's setting (training, attention dropout 0.1, bf16 autocast), eager and with the
+def test_the_triton_attention_runs_its_kernels_on_cuda(compiled, monkeypatch):
+    """'triton' in the paper's setting (training, attention dropout 0.1, bf16 autocast), eager and with the
     layers compiled: our three kernels in the profile, no SDPA or flex kernel, no fallback."""
     from model import attention
     from model.encoder import compile_encoders
@@ -303,6 +303,7 @@ def test_the_default_attention_runs_the_triton_kernels_on_cuda(compiled, monkeyp
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=300, hidden_size=768, num_layers=2, num_heads=12, ffn_size=3072).main
     enc = Encoder(cfg).cuda().train()
+    enc.set_attention("triton")
     if compiled:
         compile_encoders(enc)
     ids = torch.randint(5, 300, (4, 512), device="cuda")

@@ -128,3 +128,23 @@ def test_the_bench_takes_the_jobs_presets_and_resolves_them_as_the_job_does():
         model_cfg, objective_cfg = preset_configs(preset)
         job = resolve(preset)
         assert (model_cfg, objective_cfg) == (job.model, job.objective), preset
+
+
+def test_attention_alone_times_each_side_and_names_the_ones_that_cannot_run_here(capsys):
+    """`--attention-alone`: one line per side with the forward and forward + backward times, or 'n/a' with
+    the error (on a CPU without Triton's interpreter our kernel cannot run, nor SDPA's fused GPU kernels
+    with dropout); `--profile` adds each timed side's operator table."""
+    main(["--attention-alone", "--preset", "tiny", "--seq-len", "32", "--batch-size", "2", "--attention-dropout", "0",
+          "--device", "cpu", "--profile"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("attention alone: preset=tiny B=2 T=32 dropout=0.0")
+    sides = {line[:44].strip(): line[44:].split() for line in lines[1:] if line.startswith(("triton", "sdpa"))}
+    assert set(sides) == {"triton (ours), bias by distance", "sdpa memory-efficient, bias (1, h, T, T)",
+                          "sdpa flash, no bias (the ELECTRA peer's)"}
+    timed = {name: words for name, words in sides.items() if words[0] != "n/a"}
+    assert timed, sides  # the CPU's SDPA without dropout runs under the flash name's context
+    for words in timed.values():
+        assert words[1] == "ms" and words[3] == "ms" and 0 < float(words[0]) <= float(words[2])
+    for words in (w for w in sides.values() if w[0] == "n/a"):
+        assert words[1].startswith("(") and "Error" in words[1]
+    assert sum(line.startswith("Self CPU time total") for line in lines) == len(timed)  # one profile table per timed side

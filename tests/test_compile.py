@@ -90,7 +90,7 @@ def test_compiled_flex_step_on_cuda_matches_the_eager_sdpa_step():
     compiled, _ = no_dropout_model()
     eager, compiled = eager.cuda(), compiled.cuda()
     for encoder in (m for m in compiled.modules() if isinstance(m, Encoder)):
-        encoder.set_attention("flex")  # 'auto' runs the Triton kernel on CUDA: its own test file checks it
+        encoder.set_attention("flex")  # what 'auto' runs on CUDA without attention dropout, by name
         assert resolve_attention(encoder.attention_implementation, torch.device("cuda"), False) == "flex"
     for encoder in (m for m in eager.modules() if isinstance(m, Encoder)):
         encoder.set_attention("sdpa")

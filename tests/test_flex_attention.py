@@ -140,11 +140,11 @@ def test_compiled_encoder_traces_the_flex_path_and_keeps_its_state_dict_keys(fle
 
 
 def test_auto_never_picks_flex_and_flex_refuses_active_attention_dropout():
-    """'auto' runs the Triton kernel on CUDA (tests/test_triton_attention.py); flex is what runs where
-    that kernel fails and no attention dropout is active (`fallback_attention`), or asked for by name."""
+    """'auto' runs flex on CUDA only while no attention dropout is active (`fallback_attention`, also what
+    runs where the Triton kernel fails), SDPA with it; flex by name with dropout is refused."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_attention("auto", cuda, dropout_active=False) == "triton"
-    assert resolve_attention("auto", cuda, dropout_active=True) == "triton"
+    assert resolve_attention("auto", cuda, dropout_active=False) == "flex"
+    assert resolve_attention("auto", cuda, dropout_active=True) == "sdpa"
     assert resolve_attention("auto", cpu, dropout_active=False) == "sdpa"
     assert resolve_attention("flex", cuda, dropout_active=False) == "flex"
     assert resolve_attention("reference", cuda, dropout_active=True) == "reference"
