@@ -86,7 +86,8 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import (
-    ATTENTION_CHOICES, RelativePositionBias, fused_relative_attention, kernel_variants, planning, resolve_attention,
+    ATTENTION_CHOICES, RelativePositionBias, device_flex_options, flex_bias, flex_relative_attention,
+    fused_relative_attention, kernel_variants, planning, resolve_attention,
 )
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
@@ -294,8 +295,9 @@ def attention_alone(
     """Attention alone at the preset's main-encoder shape, bf16 on CUDA (fp32 elsewhere): ms per call of
     the forward and of forward + backward (gradients for q, k, v and the bias) for our Triton kernel
     (the bias by distance, its gradient inside the kernel), SDPA's memory-efficient kernel with the
-    broadcast (1, heads, T, T) bias our SDPA path passes, and flash attention without a bias (what the
-    ELECTRA peer runs; the floor). The step bench times these inside a step; this separates the kernel
+    broadcast (1, heads, T, T) bias our SDPA path passes, flash attention without a bias (what the
+    ELECTRA peer runs; the floor) and, without dropout, compiled flex with the bias as the encoder
+    passes it. The step bench times these inside a step; this separates the kernel
     from the rest, so a step's gap can be split between attention and everything else. With `profile`,
     each side's forward + backward under torch.profiler follows its times: host and device time per operator,
     which shows a call that takes longer than its kernels."""
@@ -322,6 +324,11 @@ def attention_alone(
         "sdpa memory-efficient, bias (1, h, T, T)": sdpa(SDPBackend.EFFICIENT_ATTENTION, dense),
         "sdpa flash, no bias (the ELECTRA peer's)": sdpa(SDPBackend.FLASH_ATTENTION, None),
     }
+    wide = relative(seq_len).detach().requires_grad_()  # (1, heads, T, T) fp32, as the encoder gives flex
+    if not dropout_p:  # flex has no attention dropout; without it flex is 'auto''s choice on CUDA
+        options = device_flex_options(dev, cfg.head_dim, dtype, wide.dtype) if dev.type == "cuda" else None
+        sides["flex, bias (h, T, T) in the kernel"] = lambda: flex_relative_attention(
+            q, k, v, flex_bias(None, wide, options))
     grad = torch.randn_like(q)
     rows = []
     for name, call in sides.items():
@@ -333,7 +340,7 @@ def attention_alone(
                 rows.append(("", profile_table(lambda: call().backward(grad), dev, rows=15)))
         except Exception as error:  # a backend this device or build lacks: say so, time the others
             rows.append((name, f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:100]})"))
-        for tensor in (q, k, v, table, dense):
+        for tensor in (q, k, v, table, dense, wide):
             tensor.grad = None
     return rows
 

@@ -138,11 +138,12 @@ def test_attention_alone_times_each_side_and_names_the_ones_that_cannot_run_here
           "--device", "cpu", "--profile"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("attention alone: preset=tiny B=2 T=32 dropout=0.0")
-    sides = {line[:44].strip(): line[44:].split() for line in lines[1:] if line.startswith(("triton", "sdpa"))}
+    sides = {line[:44].strip(): line[44:].split() for line in lines[1:]
+             if line.startswith(("triton", "sdpa", "flex"))}
     assert set(sides) == {"triton (ours), bias by distance", "sdpa memory-efficient, bias (1, h, T, T)",
-                          "sdpa flash, no bias (the ELECTRA peer's)"}
+                          "sdpa flash, no bias (the ELECTRA peer's)", "flex, bias (h, T, T) in the kernel"}
     timed = {name: words for name, words in sides.items() if words[0] != "n/a"}
-    assert timed, sides  # the CPU's SDPA without dropout runs under the flash name's context
+    assert timed, sides  # the CPU's SDPA without dropout runs under the flash name's context (flex: no CPU backward)
     for words in timed.values():
         assert words[1] == "ms" and words[3] == "ms" and 0 < float(words[0]) <= float(words[2])
     for words in (w for w in sides.values() if w[0] == "n/a"):
