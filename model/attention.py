@@ -517,16 +517,16 @@ def probe_triton(shape: TritonShape, batch: int, reach: int) -> None:
     the first call raises: a probe failure like any other."""
     device = torch.device(shape.device)
     tiles = [(1, PROBE_BLOCKS)] + ([(batch, None)] if shape.grad else [])
-    for size, blocks in tiles:
-        mask = None
-        if shape.padded:
-            mask = torch.ones(size, shape.seq_len, dtype=torch.bool, device=device)
-            mask[-1, shape.seq_len // 2:] = False
-        with own_random_state(device), torch.set_grad_enabled(shape.grad), torch.autocast(device.type, enabled=False):
+    with own_random_state(device), torch.set_grad_enabled(shape.grad), torch.autocast(device.type, enabled=False):
+        for size, blocks in tiles:
             q, k, v = (torch.randn(size, shape.heads, shape.seq_len, shape.head_dim, device=device,
                                    dtype=shape.dtype, requires_grad=shape.grad) for _ in range(3))
             bias = (torch.zeros(shape.heads, 2 * reach + 1, device=device, requires_grad=shape.grad)
                     if shape.relative else None)
+            mask = None
+            if shape.padded:
+                mask = torch.ones(size, shape.seq_len, dtype=torch.bool, device=device)
+                mask[-1, shape.seq_len // 2:] = False
             out = fused_relative_attention(q, k, v, bias, mask, shape.dropout_p, blocks=blocks)
             if shape.grad:
                 out.float().sum().backward()

@@ -324,8 +324,10 @@ def attention_alone(
         "sdpa memory-efficient, bias (1, h, T, T)": sdpa(SDPBackend.EFFICIENT_ATTENTION, dense),
         "sdpa flash, no bias (the ELECTRA peer's)": sdpa(SDPBackend.FLASH_ATTENTION, None),
     }
-    wide = relative(seq_len).detach().requires_grad_()  # (1, heads, T, T) fp32, as the encoder gives flex
+    leaves = [q, k, v, table, dense]
     if not dropout_p:  # flex has no attention dropout; without it flex is 'auto''s choice on CUDA
+        wide = relative(seq_len).detach().requires_grad_()  # (1, heads, T, T) fp32, as the encoder gives flex
+        leaves.append(wide)
         options = device_flex_options(dev, cfg.head_dim, dtype, wide.dtype) if dev.type == "cuda" else None
         sides["flex, bias (h, T, T) in the kernel"] = lambda: flex_relative_attention(
             q, k, v, flex_bias(None, wide, options))
@@ -340,7 +342,7 @@ def attention_alone(
                 rows.append(("", profile_table(lambda: call().backward(grad), dev, rows=15)))
         except Exception as error:  # a backend this device or build lacks: say so, time the others
             rows.append((name, f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:100]})"))
-        for tensor in (q, k, v, table, dense, wide):
+        for tensor in leaves:
             tensor.grad = None
     return rows
 

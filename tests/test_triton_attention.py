@@ -225,7 +225,6 @@ def test_forward_and_every_gradient_equal_the_reference_with_the_same_dropout_ma
         assert g_fast[3].abs().sum() > 0
 
 
-
 def test_tiles_that_a_gpu_computes_wrong_are_refused_naming_why():
     """Measured on an H100 (Triton 3.6): with dropout in fp16 or bf16, the compiled kernels at 16 x 16, 16 x 32
     and 32 x 16 are off by a relative 0.8-1.8; fp32, no dropout, 16 x 64 and 32 x 32 agree with the reference."""
@@ -242,6 +241,7 @@ def test_tiles_that_a_gpu_computes_wrong_are_refused_naming_why():
         check_blocks(blocks, torch.bfloat16, dropout=True, compiled=True)
     with pytest.raises(ValueError, match="powers of two"):
         check_blocks((24, 32), torch.float32, dropout=False, compiled=False)
+
 
 @kernel_test
 def test_a_row_without_real_keys_gives_zeros_and_no_gradient():
@@ -450,7 +450,6 @@ def test_encoder_triton_path_equals_the_reference_path(monkeypatch):
     assert not torch.equal(first, enc(ids, mask))
 
 
-
 @kernel_test
 def test_a_probe_leaves_torchs_random_state_as_it_found_it():
     """The probe (random inputs; the kernel's dropout seed drawn from torch's generator) puts torch's random
@@ -460,6 +459,7 @@ def test_a_probe_leaves_torchs_random_state_as_it_found_it():
     before = states()
     probe_triton(shape, batch=2, reach=8)
     assert all(torch.equal(a, b) for a, b in zip(before, states()))
+
 
 # ----------------------------------------------------------------------------- compiled ahead of time
 
