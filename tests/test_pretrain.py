@@ -91,6 +91,30 @@ def test_yaml_variants_extend_a_built_in_one(tmp_path, monkeypatch):
         resolve("tiny", "bad_base")
 
 
+def test_a_presets_word_on_one_variant_comes_after_the_variant_and_before_the_user(tmp_path, monkeypatch):
+    """A preset's `variants:` section sets keys for one variant only, over that variant's own overlays
+    (which come after the preset's sections); the user's --set still has the last word."""
+    assert resolve("tiny", "electra").objective.electra_head is True  # the variant's own head
+    assert resolve("study-cpu", "electra").objective.electra_head is False  # the recipe's word on electra
+    assert resolve("study-cpu", "electra", ["objective.electra_head=true"]).objective.electra_head is True
+    import jobs.pretraining.config
+
+    monkeypatch.setattr(jobs.pretraining.config, "PRESETS", tmp_path)
+    (tmp_path / "recipe.yaml").write_text("model: {size: tiny}\ntrain: {max_steps: 7}\n"
+                                          "variants:\n  roberta_mlm: {train: {max_steps: 9}}\n")
+    assert resolve("recipe", "roberta_mlm").train.max_steps == 9 and resolve("recipe", "cocolm").train.max_steps == 7
+    assert resolve("recipe", "roberta_mlm", ["train.max_steps=11"]).train.max_steps == 11
+    (tmp_path / "bad_name.yaml").write_text("variants: {bert: {train: {max_steps: 9}}}\n")
+    with pytest.raises(UserError, match=r"variants: unknown variant\(s\) \['bert'\]"):
+        resolve("bad_name", "cocolm")  # named whichever variant runs
+    (tmp_path / "bad_section.yaml").write_text("variants: {electra: {trian: {max_steps: 9}}}\n")
+    with pytest.raises(UserError, match=r"variants: electra: unknown section\(s\) \['trian'\]"):
+        resolve("bad_section", "cocolm")
+    (tmp_path / "bad_key.yaml").write_text("variants: {electra: {objective: {electra_haed: false}}}\n")
+    with pytest.raises(ValueError, match="objective.electra_haed"):
+        resolve("bad_key", "electra")
+
+
 def test_overrides_are_typed_and_have_the_last_word():
     cfg = resolve("tiny", "crop_0.7", ["train.peak_lr=3e-4", "data.crop_fraction=0.8", "model.num_layers=3"])
     assert cfg.train.peak_lr == 3e-4 and isinstance(cfg.train.peak_lr, float)  # YAML reads 3e-4 as a string

@@ -35,11 +35,11 @@ COMMANDS = {
     r"^python -m jobs\.studies\.ablate --preset tiny --variants cocolm,electra|"
     r"^python -m analysis\.report --experiment ablation-tiny":
         "tests/test_ablate.py and tests/test_report.py run the same path at test size",
-    r"^python -m jobs\.data\.pack --seq-len 64 --vocab-size 4000 --out work/blocks-study-cpu": RUN_HERE,
+    r"^python -m jobs\.data\.pack --seq-len 32 --vocab-size 4000 --out work/blocks-study-cpu": RUN_HERE,
     r"^python -m jobs\.studies\.curves --preset study-cpu .*--set train\.max_steps=50 --out work/curves/first-look\.csv":
         RUN_HERE,
     r"^python -m jobs\.studies\.curves --preset study-cpu --blocks work/blocks-study-cpu --variant (cocolm|roberta_mlm)$":
-        "about 12 minutes each on 2 cores; tests/test_curves.py runs the probe at test size",
+        "3,000 steps each, about 15 minutes on 2 cores; tests/test_curves.py runs the probe at test size",
     r"^python -m jobs\.studies\.curves --plot": "tests/test_curves.py draws CSVs of two variants",
     r"^python -m jobs\.data\.pack --seq-len 128 --vocab-size 8192 --out work/blocks-study$|"
     r"^python -m jobs\.studies\.curves --preset study ": "GPU-sized (the README says so)",
@@ -146,8 +146,8 @@ def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tm
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         return result.stdout + result.stderr
 
-    out = run(r"^python -m jobs\.data\.pack --seq-len 64")
-    assert re.search(r"packed [\d,]+ blocks of 64 \([\d,]+ tokens, vocabulary 4,000\) into work/blocks-study-cpu", out)
+    out = run(r"^python -m jobs\.data\.pack --seq-len 32")
+    assert re.search(r"packed [\d,]+ blocks of 32 \([\d,]+ tokens, vocabulary 4,000\) into work/blocks-study-cpu", out)
 
     out = run(r"first-look\.csv")
     # the README: a line per log interval with held-out accuracies, step 0 first; the CSV and its figure

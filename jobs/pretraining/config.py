@@ -170,21 +170,44 @@ def _dotted(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
 
 SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "data": DataConfig, "train": TrainConfig,
             "cluster": ClusterConfig}
+VARIANTS_SECTION = "variants"  # a preset's word on single variants (`load_preset`)
 
 
 def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS.glob("*.yaml"))
 
 
-def load_preset(name: str) -> dict[str, dict[str, Any]]:
+def load_preset(name: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+    """A preset's sections, and its word on single variants: `variants:`, then a variant's name and sections
+    of keys. A recipe can need one variant set otherwise (the study-cpu preset: electra without ELECTRA's
+    discriminator head), and a variant's own overlays come after the preset's sections, so that word is
+    applied after them (`resolve`)."""
     path = PRESETS / f"{check_name('preset', name)}.yaml"
     if not path.is_file():
         raise UserError(f"unknown preset {name!r}: no {path}; available: {available_presets()}")
     raw = _mapping(path, read_yaml(path))
+    for_variants = raw.pop(VARIANTS_SECTION, None) or {}
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise UserError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)}")
-    return {section: dict(raw.get(section) or {}) for section in SECTIONS}
+        raise UserError(f"{path}: unknown section(s) {unknown}; sections are {sorted(SECTIONS)} and "
+                        f"'{VARIANTS_SECTION}'")
+    return {section: dict(raw.get(section) or {}) for section in SECTIONS}, _preset_variants(path, for_variants)
+
+
+def _preset_variants(path: Path, raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """A preset's `variants:` section, checked: known variant names, each with known sections of keys."""
+    unknown = sorted(set(raw) - set(available_variants()))
+    if unknown:
+        raise UserError(f"{path}: {VARIANTS_SECTION}: unknown variant(s) {unknown}; choose from {available_variants()}")
+    out = {}
+    for name, sections in raw.items():
+        sections = _mapping(path, sections)
+        unknown = sorted(set(sections) - set(SECTIONS))
+        if unknown:
+            raise UserError(f"{path}: {VARIANTS_SECTION}: {name}: unknown section(s) {unknown}; "
+                            f"sections are {sorted(SECTIONS)}")
+        out[name] = {section: dict(sections.get(section) or {}) for section in SECTIONS}
+    return out
 
 
 def available_variants() -> list[str]:
@@ -298,11 +321,14 @@ def _nest(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | None = None) -> PretrainConfig:
-    """Preset, then the variant's overlays, then the user's overrides: the user has the last word."""
-    layers = load_preset(preset)
+    """Preset, then the variant's overlays, then the preset's word on this variant (its `variants:`
+    section), then the user's overrides: the user has the last word."""
+    layers, for_variants = load_preset(preset)
     overlays = variant_overlays(variant_name)
+    recipe = for_variants.get(variant_name, {})
     set_by_user = parse_overrides(overrides or [])
-    merged = {section: {**layers[section], **overlays[section], **set_by_user[section]} for section in SECTIONS}
+    merged = {section: {**layers[section], **overlays[section], **recipe.get(section, {}), **set_by_user[section]}
+              for section in SECTIONS}
     if "vocab_size" in merged["model"]:
         raise UserError("model.vocab_size is not set by hand: the model's vocabulary is the tokenizer's; set "
                          "data.vocab_size (the size of the tokenizer trained when data.tokenizer_dir is not given)")
