@@ -162,10 +162,7 @@ def preset_configs(name: str) -> tuple[ModelConfig, ObjectiveConfig]:
     `model.size` with its other model keys, the vocabulary of `data.vocab_size`, its objective keys.
     Read here rather than through jobs/ (which needs Ray's stack) so the bench runs where only torch
     and transformers are; tests/test_bench_peers.py checks it equals the job's resolution."""
-    path = PRESETS / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown preset {name!r}; the presets are {available_presets()}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _preset_file(name)
     model_keys = dict(raw.get("model") or {})
     size = model_keys.pop("size", name)
     vocab = (raw.get("data") or {}).get("vocab_size")
@@ -173,12 +170,23 @@ def preset_configs(name: str) -> tuple[ModelConfig, ObjectiveConfig]:
     return model_cfg, ObjectiveConfig(**(raw.get("objective") or {}))
 
 
+def _preset_file(name: str) -> dict:
+    path = PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {name!r}; the presets are {available_presets()}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
 def bench_config(
     preset: str, variant_name: str, attention_dropout: float | None = None
 ) -> tuple[ModelConfig, ObjectiveConfig, float]:
-    """Model and objective config of a preset with a variant applied, and the variant's crop fraction."""
+    """Model and objective config of a preset with a variant applied, then the preset's word on that
+    variant (its `variants:` section, as the job applies it), and the variant's crop fraction."""
     chosen = variant(variant_name)
     model_cfg, objective_cfg = chosen.apply(*preset_configs(preset))
+    word = (_preset_file(preset).get("variants") or {}).get(variant_name) or {}
+    model_cfg = replace(model_cfg, **(word.get("model") or {}))
+    objective_cfg = replace(objective_cfg, **(word.get("objective") or {}))
     if attention_dropout is not None:
         model_cfg = replace(model_cfg, attention_dropout=attention_dropout)
     return model_cfg, objective_cfg, chosen.data.get("crop_fraction", 0.9)

@@ -6,6 +6,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from model import VARIANTS
 from model.bench import BenchResult, bench_config, build_peer, main, peer_step_flops, random_batch, targets
 from model.flops import step_flops
 from model.objective import build_pretraining_model
@@ -128,6 +129,10 @@ def test_the_bench_takes_the_jobs_presets_and_resolves_them_as_the_job_does():
         model_cfg, objective_cfg = preset_configs(preset)
         job = resolve(preset)
         assert (model_cfg, objective_cfg) == (job.model, job.objective), preset
+        for name in VARIANTS:  # each variant, and the preset's word on it (study-cpu's electra)
+            job = resolve(preset, name)
+            assert bench_config(preset, name)[:2] == (job.model, job.objective), (preset, name)
+    assert bench_config("study-cpu", "electra")[1].electra_head is False
 
 
 def test_attention_alone_times_each_side_and_names_the_ones_that_cannot_run_here(capsys):
