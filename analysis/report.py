@@ -18,6 +18,8 @@ finished sweep) and writes:
     claims.md                   the gate table (runs that trained), the rules, and the paper's directional
                                 claims judged over pretraining runs (analysis/claims.py); also printed
     runs.{csv,md}               one row per pretraining run: seed, minutes, gate verdict, metrics, readouts
+    timeline.{csv,md}           the study's time: every pretraining run, control, sweep and few-shot study in
+                                the order it started, minutes each, first start to last end
     pretraining_metrics.{csv,md} last pretraining metrics per variant: the ones comparable across
                                 variants first (jobs.names.COMPARABLE_METRICS), `loss` last
 
@@ -33,6 +35,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +52,7 @@ from jobs.finetuning.tasks.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         PROBE_METRICS, REPRESENT_ARTIFACT, REPRESENT_METRICS)
 from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_seed, pretraining_runs, sweep_scores,
-                       with_fractions)
+                       timeline, with_fractions)
 from jobs.studies.figures import PALETTE, legend_below, pyplot, representation_figure, run_styles, save
 from jobs.studies.gate import CRITERIA, TRAINED
 
@@ -333,6 +336,7 @@ def build(client, experiment: str | None, out: Path) -> Report:
     (out / "claims.md").write_text(claims_markdown(claims, runs))
     files.append(out / "claims.md")
     files += runs_table(runs, table, out)
+    files += timeline_table(timeline(client, experiments), out)
     return Report(out, table, ablation, files, claims=claims)
 
 
@@ -403,6 +407,35 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
                                  "computed in, the gate's verdict (jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
                                  "seeds (x1)\n\n" + plain_markdown(table))
     return [out / "runs.csv", out / "runs.md"]
+
+
+def timeline_table(runs: pd.DataFrame, out: Path) -> list[Path]:
+    """The time a study took: its runs in the order they started, minutes from the first start, and the span
+    from the first start to the last end (jobs.runs.timeline). MLflow keeps a resumed run's first start, so
+    a run stopped and resumed later counts the pause, and a study run over several sittings spans them; the
+    readouts logged on a finished pretraining run (probes, [CLS] cosines) fall between its rows."""
+    if runs.empty:
+        return []
+    first = runs["start_time"].min()
+    table = pd.DataFrame({
+        "start (min)": (runs["start_time"] - first) / 60_000,
+        "minutes": (runs["end_time"] - runs["start_time"]) / 60_000,  # missing for a run not ended
+        "status": runs["status"], "kind": runs["kind"], "run": runs["run_name"], "variant": runs["variant"],
+        "seed": runs["seed"]})
+    table.to_csv(out / "timeline.csv", index=False)
+    ended, live = runs["end_time"].dropna(), int(runs["end_time"].isna().sum())
+    span = (f"{(ended.max() - first) / 60_000:.1f} minutes from the first start ({_utc(first)}) to the last end "
+            f"({_utc(ended.max())})" if len(ended) else f"started {_utc(first)}, no run ended yet")
+    (out / "timeline.md").write_text(
+        f"The study's runs in the order they started: {len(runs)} runs, {span}"
+        + (f"; {live} not ended" if live else "") + ". A resumed run counts its pause, and a study run over "
+        "several sittings spans them; readouts logged on a finished pretraining run fall between rows.\n\n"
+        + plain_markdown(table))
+    return [out / "timeline.csv", out / "timeline.md"]
+
+
+def _utc(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def plain_markdown(df: pd.DataFrame) -> str:

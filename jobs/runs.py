@@ -160,3 +160,32 @@ def fewshot_scores(client, experiments: Sequence[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     df = pd.DataFrame(rows, columns=columns).sort_values("start_time", kind="stable")
     return df.groupby(["pretraining_run", "task", "method"], sort=False).tail(1).reset_index(drop=True)
+
+
+TIMED_KINDS = (KIND_PRETRAINING, KIND_SWEEP, KIND_FEWSHOT)  # a study's top-level runs: its time is theirs
+
+
+def timeline(client, experiments: Sequence[str]) -> pd.DataFrame:
+    """Every top-level run of a study (pretraining runs with the random-init controls, fine-tuning sweep
+    parents, few-shot studies) in the order it started: kind, name, variant and pretraining seed (a sweep's
+    or few-shot study's from the pretraining run it reads, where that is in these experiments), status,
+    start and end (ms since the epoch; end missing for a run that has not ended)."""
+    rows = []
+    for kind in TIMED_KINDS:
+        for run in search(client, experiments, f"tags.{KIND_TAG} = '{kind}'"):
+            tags = run.data.tags
+            rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name, "kind": kind,
+                         "variant": tags.get("variant", ""),
+                         "seed": str(tags.get(PRETRAINING_SEED_TAG, run.data.params.get("train.seed", ""))),
+                         "pretraining_run": tags.get(PRETRAINING_TAG, ""), "status": run.info.status,
+                         "start_time": run.info.start_time, "end_time": run.info.end_time})
+    columns = ["run_id", "run_name", "kind", "variant", "seed", "status", "start_time", "end_time"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    df = pd.DataFrame(rows)
+    read = df[df["kind"] == KIND_PRETRAINING].set_index("run_id")
+    for column in ("variant", "seed"):  # a readout of a pretraining run: that run's variant and seed
+        inherited = df["pretraining_run"].map(read[column])
+        df[column] = df[column].where((df["kind"] == KIND_PRETRAINING) | inherited.isna(), inherited)
+    df["end_time"] = df["end_time"].astype(float).where(df["end_time"].notna() & (df["end_time"] > 0))
+    return df[columns].sort_values("start_time", kind="stable").reset_index(drop=True)

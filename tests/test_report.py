@@ -12,7 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
-from jobs.names import KIND_PRETRAINING, KIND_TAG, PRECISION_TAG, PRETRAINING_SEED_TAG, best_task_metric
+from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRECISION_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
+                        best_task_metric)
 from jobs.runs import latest_per_seed, pretraining_runs
 from jobs.tracking import experiment_id
 from helpers import fake_pretraining_run, fake_sweep_run
@@ -95,6 +96,38 @@ def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(sto
     assert "| minutes | precision |" in (tmp_path / "out" / "runs.md").read_text()
     assert per_run.loc[timed, "precision"] == "fp32"  # the tag the job sets; a run without it: empty
     assert np.isnan(per_run.loc[live, "precision"])  # no tag (a run older than it): an empty cell
+
+
+def test_the_timeline_lists_every_run_of_the_study_in_order_with_its_minutes_and_the_span(tmp_path):
+    """timeline.md: the time a study took, from its runs alone: pretraining runs, the control, each sweep
+    (with the variant and seed of the run it fine-tunes), in the order they started; a run not ended has
+    no minutes and is counted; the span runs from the first start to the last end."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = experiment_id(client, "ablation-tiny", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    t0 = 1_700_000_000_000  # 2023-11-14 22:13 UTC
+
+    def run(kind: str, start_min: float, end_min: float | None, **tags: str) -> str:
+        run_id = client.create_run(exp, start_time=t0 + int(start_min * 60_000), run_name=f"{kind}-{start_min}",
+                                   tags={KIND_TAG: kind, **tags}).info.run_id
+        if end_min is not None:
+            client.set_terminated(run_id, end_time=t0 + int(end_min * 60_000))
+        return run_id
+
+    cocolm = run(KIND_PRETRAINING, 0, 30, variant="cocolm", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})
+    run(KIND_SWEEP, 31, 33.5, **{PRETRAINING_TAG: cocolm})
+    run(KIND_PRETRAINING, 34, 34, variant="random_init", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})
+    run(KIND_PRETRAINING, 0.5, None, variant="electra", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})  # still live
+    build(client, "ablation-tiny", tmp_path / "out")
+    table = pd.read_csv(tmp_path / "out" / "timeline.csv", dtype={"seed": str})
+    assert list(table["variant"]) == ["cocolm", "electra", "cocolm", "random_init"]  # by start; the sweep's own
+    assert list(table["kind"]) == [KIND_PRETRAINING, KIND_PRETRAINING, KIND_SWEEP, KIND_PRETRAINING]
+    assert list(table["seed"]) == ["3"] * 4
+    assert list(table["start (min)"]) == pytest.approx([0, 0.5, 31, 34])
+    assert table["minutes"].iloc[[0, 2, 3]].tolist() == pytest.approx([30, 2.5, 0])
+    assert np.isnan(table["minutes"].iloc[1])  # not ended: missing, never 0 or negative
+    text = (tmp_path / "out" / "timeline.md").read_text()
+    assert text.startswith("The study's runs in the order they started: 4 runs, 34.0 minutes from the first start "
+                           "(2023-11-14 22:13 UTC) to the last end (2023-11-14 22:47 UTC); 1 not ended.")
 
 
 def test_pretraining_metrics_show_the_comparable_ones_first_and_loss_last(store, tmp_path):
