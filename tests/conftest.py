@@ -65,8 +65,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests that start and `ray stop` a whole Ray cluster run last: `ray stop` ends every Ray
-    # process on the machine, the suite's in-process session included.
+    # Tests that start a whole Ray cluster of their own run last: they shut the suite's in-process Ray
+    # down first. They end only the processes they started (helpers.stop_processes_under), never with
+    # `ray stop`, which ends every Ray of this user on the machine.
     items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)
     # The one place GPU tests are selected: `-m gpu` runs them on a CUDA machine; elsewhere they skip.
     import torch

@@ -5,6 +5,10 @@ holds only fixtures and hooks."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,3 +94,47 @@ def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores:
         client.log_param(run_id, "seeds", "0,1,2,3,4")
     client.set_terminated(run_id, status)
     return run_id
+
+
+def stop_processes_under(folder: str) -> None:
+    """End the Ray processes a test started, by their ids: give its Ray a RAY_TMPDIR of its own, `folder`;
+    every process of that Ray names it in its command line or has it in its environment (Ray renames its
+    agents and workers, `ray::DashboardAgent`, and they outlive the raylet). `ray stop` would end every Ray
+    of this user on the machine, a study running beside the suite included. SIGKILL at once, as `ray stop
+    --force` does: Ray's gcs_server, raylet and autoscaler monitor outlive a SIGTERM (a 30 s grace for it
+    was spent in full every time), and nothing of a test's throwaway Ray is kept."""
+    marks = (folder.encode(), f"RAY_TMPDIR={folder}".encode())
+
+    def mine() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and int(entry.name) != os.getpid() and (
+                        marks[0] in (entry / "cmdline").read_bytes()
+                        or marks[1] in (entry / "environ").read_bytes().split(b"\0")):
+                    pids.append(int(entry.name))
+            except OSError:  # ended meanwhile, or another user's
+                continue
+        return pids
+
+    for pid in mine():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while mine() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def free_ports(count: int = 1) -> list[int]:
+    """`count` distinct TCP ports nothing on this machine listens on now (the OS's picks, all held at once
+    while picked), for a test's own servers."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()

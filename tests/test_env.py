@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import ray.data
 
+from helpers import stop_processes_under
 from jobs.env import HERMETIC_ENV, set_hermetic_env
 from jobs.ray_session import own_token_file, private_token_file, quiet_ray_data
 
@@ -204,31 +205,6 @@ def test_the_token_is_made_owner_only_even_when_rays_start_fails(tmp_path):
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
 
 
-def _stop_processes_under(folder: str) -> None:
-    """End the Ray processes this test started (those whose command line names its folder), by their ids:
-    `ray stop` would end every Ray on the machine. SIGKILL at once, as `ray stop --force` does: Ray's
-    gcs_server, raylet and autoscaler monitor outlive a SIGTERM (a 30 s grace for it was spent in full
-    every time, two thirds of this test's time), and nothing of this throwaway Ray is kept."""
-    def mine() -> list[int]:
-        pids = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and folder.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:  # ended meanwhile, or another user's
-                continue
-        return pids
-
-    for pid in mine():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    deadline = time.monotonic() + 10
-    while mine() and time.monotonic() < deadline:
-        time.sleep(0.5)
-
-
 @pytest.mark.slow  # about a minute: two Rays start
 @pytest.mark.timeout(300)
 def test_a_job_started_directly_never_joins_the_ray_that_ray_start_left_running(tmp_path):
@@ -259,7 +235,7 @@ def test_a_job_started_directly_never_joins_the_ray_that_ray_start_left_running(
         assert "Connecting to existing Ray cluster" not in out
         assert "hang detector False" in out, out[-3000:]
     finally:
-        _stop_processes_under(folder)
+        stop_processes_under(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 

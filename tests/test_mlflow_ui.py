@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,18 +16,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from helpers import free_ports
 from jobs.tracking import compare_url, experiment_id, run_url, runs_table_url
 
 INSTALL = "apt-get update && apt-get install -y chromium"
 # docs/design.md section 5.3: the flags Debian's chromium needs to render headless in a container.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_health(url: str, server: subprocess.Popen, log: Path, timeout: float = 120) -> None:
@@ -71,7 +65,7 @@ def test_compare_runs_page_lists_both_variant_runs(tmp_path):
         client.set_terminated(run.info.run_id)
         names[variant], run_ids = run.info.run_name, [*run_ids, run.info.run_id]
 
-    port = free_port()
+    (port,) = free_ports()
     base = f"http://127.0.0.1:{port}"
     mlflow = Path(sys.executable).with_name("mlflow")  # the venv's entry point, next to its python
     log = tmp_path / "server.log"

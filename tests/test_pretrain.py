@@ -20,6 +20,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from helpers import free_ports, stop_processes_under
 from jobs import faults
 from jobs.cli import UserError
 from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG
@@ -540,8 +541,9 @@ def _status_without_token(url: str, timeout: float = 60) -> int:
 def test_ray_job_submit_end_to_end(tokenizer_dir, home):
     """`ray start --head`, `ray job submit --working-dir .`, `ray job logs`, `ray stop`: the README's local flow.
 
-    `ray stop` ends every Ray process on the machine, so this test runs last (conftest) and first
-    shuts down the suite's in-process Ray, whose loss would otherwise end the pytest process too.
+    The README's `ray stop` ends every Ray of this user on the machine (a study beside the suite's too: one
+    was lost so), so the test ends only the Ray it started, by its folder. It shuts down the suite's
+    in-process Ray first and runs last (conftest): the cluster it starts takes the machine's CPUs.
     """
     import ray
 
@@ -551,14 +553,20 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp"), "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_DATA_DISABLE_PROGRESS_BARS", None)  # as a user's shell has it: the job must quiet Ray Data itself
-    subprocess.run([ray_bin, "start", "--head", "--num-cpus", "2", "--disable-usage-stats"], env=env, check=True,
-                   capture_output=True)
+    # Ports of its own where Ray's are fixed (GCS 6379, dashboard 8265, its agent 52365, Ray Client 10001):
+    # another Ray on the machine, a study's or another user's, may hold them, and the job went there (its
+    # token refused) or found no agent.
+    flags = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--ray-client-server-port")
+    ports = dict(zip(flags, free_ports(len(flags))))
+    address = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    subprocess.run([ray_bin, "start", "--head", "--num-cpus", "2", "--disable-usage-stats",
+                    *[str(x) for item in ports.items() for x in item]], env=env, check=True, capture_output=True)
     try:
-        assert _status_without_token("http://127.0.0.1:8265/api/jobs/") == 401  # the job API wants the token
+        assert _status_without_token(f"{address}/api/jobs/") == 401  # the job API wants the token
         runtime_env = home.parent / "runtime_env.yaml"  # as platform/runtime_env.yaml, with this test's home
         runtime_env.write_text(f"env_vars:\n  COCOLM_HOME: {home}\nexcludes:\n  - .venv/\n")
         submit = _submit(
-            [sys.executable, "-m", "jobs.submit", "--address", "http://127.0.0.1:8265", "--runtime-env", str(runtime_env),
+            [sys.executable, "-m", "jobs.submit", "--address", address, "--runtime-env", str(runtime_env),
              "--", sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
              "--set", "train.max_steps=10", "--set", "train.checkpoint_every=10", "--set", "train.log_every=5"],
             env,
@@ -566,7 +574,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
         assert "MLflow run id:" in submit.stdout and "succeeded" in submit.stdout
         job_id = next(line.split("'")[1] for line in submit.stdout.splitlines() if "submitted successfully" in line)
-        logs = subprocess.run([ray_bin, "job", "logs", "--address", "http://127.0.0.1:8265", job_id], env=env,
+        logs = subprocess.run([ray_bin, "job", "logs", "--address", address, job_id], env=env,
                               capture_output=True, text=True, check=True)
         assert "step 10/10" in logs.stdout
         # Without a terminal: our progress lines; no progress-bar frames, tips, error-level Ray internals,
@@ -576,7 +584,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
                       "opt out"):
             assert noise not in logs.stdout, noise
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True)
+        stop_processes_under(env["RAY_TMPDIR"])
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     (finished,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
     assert finished.info.status == "FINISHED"

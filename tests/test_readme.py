@@ -22,8 +22,9 @@ COMMANDS = {
         "the demo: the README's first Quickstart block, run on a fresh machine before every release",
     r"^bash tests/system_packages\.sh && python3 -m venv": "the test command: .ci/run runs it as written",
     r"^export RAY_AUTH_MODE=token$|^ray get-auth-token|^ray start --head|^python -m jobs\.submit -- python -m "
-    r"jobs\.pretraining --preset tiny|^ray job logs|^ray stop$":
+    r"jobs\.pretraining --preset tiny|^ray job logs":
         "tests/test_pretrain.py::test_ray_job_submit_end_to_end (the local cluster flow)",
+    r"^ray stop$": "Ray's own command; that test ends only the Ray it started (`ray stop` ends every Ray of the user)",
     r"^\(umask 077 && mkdir -p ~/\.ray|^ray up cluster\.yaml|^ray dashboard cluster\.yaml|"
     r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env":
         "needs a cloud account (cluster.yaml); tests/test_platform.py checks the files",
