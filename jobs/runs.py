@@ -45,6 +45,15 @@ def search(client, experiments: Sequence[str], filter_string: str) -> list:
     return runs
 
 
+LIVE = ("RUNNING", "SCHEDULED")  # MLflow statuses of a run in progress
+
+
+def ended_at(info) -> float | None:
+    """When a run ended (ms since the epoch), or None while it is in progress: MLflow keeps the end time of a
+    run that failed or was killed when its resume sets it RUNNING again."""
+    return None if info.status in LIVE or not info.end_time else info.end_time
+
+
 def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
     """One row per pretraining run: ids, preset, variant, its pretraining seed (`seed`: the study's tag, else
     the run's train.seed), status, times, its training budget (`params.<BUDGET_PARAMS>`), what the gate
@@ -58,7 +67,7 @@ def pretraining_runs(client, experiments: Sequence[str]) -> pd.DataFrame:
                      "experiment_id": run.info.experiment_id, "preset": tags.get("preset", ""),
                      "variant": tags.get("variant", ""),
                      "seed": str(tags.get(PRETRAINING_SEED_TAG, params.get("train.seed", ""))),
-                     "status": run.info.status, "start_time": run.info.start_time, "end_time": run.info.end_time,
+                     "status": run.info.status, "start_time": run.info.start_time, "end_time": ended_at(run.info),
                      "stopped": tags.get(STOP_TAG, ""), "precision": tags.get(PRECISION_TAG, ""),
                      **{f"params.{p}": params.get(p) for p in (*BUDGET_PARAMS, *SEED_PARAMS, *GATE_PARAMS)},
                      **{f"metrics.{k}": v for k, v in run.data.metrics.items()}})
@@ -178,7 +187,7 @@ def timeline(client, experiments: Sequence[str]) -> pd.DataFrame:
                          "variant": tags.get("variant", ""),
                          "seed": str(tags.get(PRETRAINING_SEED_TAG, run.data.params.get("train.seed", ""))),
                          "pretraining_run": tags.get(PRETRAINING_TAG, ""), "status": run.info.status,
-                         "start_time": run.info.start_time, "end_time": run.info.end_time})
+                         "start_time": run.info.start_time, "end_time": ended_at(run.info)})
     columns = ["run_id", "run_name", "kind", "variant", "seed", "status", "start_time", "end_time"]
     if not rows:
         return pd.DataFrame(columns=columns)
@@ -187,5 +196,5 @@ def timeline(client, experiments: Sequence[str]) -> pd.DataFrame:
     for column in ("variant", "seed"):  # a readout of a pretraining run: that run's variant and seed
         inherited = df["pretraining_run"].map(read[column])
         df[column] = df[column].where((df["kind"] == KIND_PRETRAINING) | inherited.isna(), inherited)
-    df["end_time"] = df["end_time"].astype(float).where(df["end_time"].notna() & (df["end_time"] > 0))
+    df["end_time"] = df["end_time"].astype(float)
     return df[columns].sort_values("start_time", kind="stable").reset_index(drop=True)

@@ -100,8 +100,9 @@ def test_the_runs_table_gives_each_runs_minutes_and_none_for_a_run_not_ended(sto
 
 def test_the_timeline_lists_every_run_of_the_study_in_order_with_its_minutes_and_the_span(tmp_path):
     """timeline.md: the time a study took, from its runs alone: pretraining runs, the control, each sweep
-    (with the variant and seed of the run it fine-tunes), in the order they started; a run not ended has
-    no minutes and is counted; the span runs from the first start to the last end."""
+    (with the variant and seed of the run it fine-tunes), in the order they started; a run not ended (one
+    resumed after a failure included) has no minutes and is counted; the span runs from the first start to
+    the last end."""
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = experiment_id(client, "ablation-tiny", f"sqlite:///{tmp_path / 'mlflow.db'}")
     t0 = 1_700_000_000_000  # 2023-11-14 22:13 UTC
@@ -116,7 +117,8 @@ def test_the_timeline_lists_every_run_of_the_study_in_order_with_its_minutes_and
     cocolm = run(KIND_PRETRAINING, 0, 30, variant="cocolm", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})
     run(KIND_SWEEP, 31, 33.5, **{PRETRAINING_TAG: cocolm})
     run(KIND_PRETRAINING, 34, 34, variant="random_init", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})
-    run(KIND_PRETRAINING, 0.5, None, variant="electra", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})  # still live
+    live = run(KIND_PRETRAINING, 0.5, 20, variant="electra", preset="tiny", **{PRETRAINING_SEED_TAG: "3"})
+    client.update_run(live, status="RUNNING")  # failed at minute 20, resumed: MLflow keeps that end time
     build(client, "ablation-tiny", tmp_path / "out")
     table = pd.read_csv(tmp_path / "out" / "timeline.csv", dtype={"seed": str})
     assert list(table["variant"]) == ["cocolm", "electra", "cocolm", "random_init"]  # by start; the sweep's own
