@@ -162,7 +162,10 @@ def preset_configs(name: str) -> tuple[ModelConfig, ObjectiveConfig]:
     `model.size` with its other model keys, the vocabulary of `data.vocab_size`, its objective keys.
     Read here rather than through jobs/ (which needs Ray's stack) so the bench runs where only torch
     and transformers are; tests/test_bench_peers.py checks it equals the job's resolution."""
-    raw = _preset_file(name)
+    return _configs_of(name, _preset_file(name))
+
+
+def _configs_of(name: str, raw: dict) -> tuple[ModelConfig, ObjectiveConfig]:
     model_keys = dict(raw.get("model") or {})
     size = model_keys.pop("size", name)
     vocab = (raw.get("data") or {}).get("vocab_size")
@@ -183,8 +186,9 @@ def bench_config(
     """Model and objective config of a preset with a variant applied, then the preset's word on that
     variant (its `variants:` section, as the job applies it), and the variant's crop fraction."""
     chosen = variant(variant_name)
-    model_cfg, objective_cfg = chosen.apply(*preset_configs(preset))
-    word = (_preset_file(preset).get("variants") or {}).get(variant_name) or {}
+    raw = _preset_file(preset)  # read once: its sections, then its word on the variant
+    model_cfg, objective_cfg = chosen.apply(*_configs_of(preset, raw))
+    word = (raw.get("variants") or {}).get(variant_name) or {}
     model_cfg = replace(model_cfg, **(word.get("model") or {}))
     objective_cfg = replace(objective_cfg, **(word.get("objective") or {}))
     if attention_dropout is not None:
