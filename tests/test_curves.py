@@ -157,6 +157,50 @@ def test_the_variant_decides_the_heads_judged(packed, tmp_path):
     assert set(left_prior(rows)) == {"mlm_accuracy"}
 
 
+def _long_folder(packed: Path, folder: Path, tokenizer_from: Path | None = None) -> Path:
+    """Blocks of 2 x SEQ_LEN from the packed ones (two rows side by side), with the packing's tokenizer and
+    corpus: what the long phase reads, without a second Ray packing."""
+    blocks, meta = load_blocks(packed, SEQ_LEN)
+    pairs = blocks[: len(blocks) // 2 * 2].reshape(-1, 2 * SEQ_LEN)
+    save_blocks(pairs, tokenizer_from or packed, meta["vocab_size"], meta["corpus"], folder)
+    return folder
+
+
+def test_a_long_phase_trains_its_last_steps_on_the_long_blocks_and_logs_where_it_starts(packed, tmp_path, monkeypatch,
+                                                                                         capsys):
+    """As the job: the last train.long_steps steps on blocks of data.long_seq_len, a log line at the switch
+    (no interval spans two lengths), the tokens counted at each step's length."""
+    import jobs.studies.curves as curves
+
+    widths = []
+    original = curves.corrupted
+    monkeypatch.setattr(curves, "corrupted", lambda ids, *args: widths.append(ids.shape[1]) or original(ids, *args))
+    long_folder = _long_folder(packed, tmp_path / "long")
+    overrides = (*_options(packed).overrides, "train.max_steps=5", f"data.long_seq_len={2 * SEQ_LEN}", "train.long_steps=2")
+    rows = run(dataclasses.replace(_options(packed, out=str(tmp_path / "long.csv")), overrides=overrides,
+                                   long_blocks=str(long_folder)))
+    assert [(r["step"], r.get("seq_len")) for r in rows] == [(0, None), (2, SEQ_LEN), (3, SEQ_LEN), (4, 2 * SEQ_LEN),
+                                                             (5, 2 * SEQ_LEN)]
+    assert widths.count(2 * SEQ_LEN) == 2 * 2  # 2 steps of 2 micro-batches (global batch 16 of 8)
+    training_blocks = len(np.load(packed / BLOCKS_FILE)) - len(split_heldout(np.load(packed / BLOCKS_FILE), 0)[1])
+    assert rows[-1]["epoch"] == pytest.approx(16 * (3 * SEQ_LEN + 2 * 2 * SEQ_LEN) / (training_blocks * SEQ_LEN))
+    assert f"the last 2 of 16 x {2 * SEQ_LEN}" in capsys.readouterr().out
+
+
+def test_a_long_phase_without_its_blocks_or_with_other_blocks_is_an_error_that_says_what_to_run(packed, tmp_path):
+    long_phase = (*_options(packed).overrides, "train.max_steps=5", f"data.long_seq_len={2 * SEQ_LEN}", "train.long_steps=2")
+    with pytest.raises(UserError, match=f"pack them once with `python -m jobs.data.pack --seq-len {2 * SEQ_LEN}"):
+        run(dataclasses.replace(_options(packed), overrides=long_phase))
+    with pytest.raises(UserError, match="this recipe has no long phase"):
+        run(_options(packed, long_blocks=str(_long_folder(packed, tmp_path / "long"))))
+    other = tmp_path / "other-tokenizer"
+    other.mkdir()
+    (other / TOKENIZER_FILE).write_text((packed / TOKENIZER_FILE).read_text().replace("[MASK]", "[MASK2]", 1))
+    with pytest.raises(UserError, match="different corpora or tokenizers"):
+        run(dataclasses.replace(_options(packed), overrides=long_phase,
+                                long_blocks=str(_long_folder(packed, tmp_path / "long-other", other))))
+
+
 def test_left_prior_is_the_first_logged_step_above_the_threshold():
     rows = [{"step": s, "heldout_aux_mlm_accuracy": a, "heldout_copy_accuracy_replaced": c}
             for s, a, c in ((100, 0.05, 0.0), (200, 0.09, 0.3), (300, 0.12, 0.4), (400, 0.2, 0.45))]

@@ -3,7 +3,7 @@ within a short study (docs/design.md section 5.4).
 
     python -m jobs.data.pack --seq-len 128 --vocab-size 8192 --out work/blocks-study       # once, with Ray
     python -m jobs.studies.curves --preset study --blocks work/blocks-study [--variant cocolm] [--set key=value ...]
-        [--out work/curves/NAME.csv] [--device cuda]
+        [--long-blocks work/blocks-study-long] [--out work/curves/NAME.csv] [--device cuda]
     python -m jobs.studies.curves --plot work/curves/a.csv work/curves/b.csv --out curves.png
 
 The blocks are packed once by the job's own Ray Data stream (`jobs.data.pack`); the probe reads them
@@ -13,6 +13,13 @@ overrides resolve as `python -m jobs.pretraining` resolves them, and every step 
 `model.step.TrainingStep` (bf16 autocast where the job's runs it, accumulation, clipping, AdamW,
 warm-up and linear decay) on the variant's objective. Only the batching differs: the blocks are
 shuffled per epoch here, and each batch is corrupted with one generator instead of one per block.
+
+A recipe with a long phase (`train.long_steps` steps on blocks of `data.long_seq_len`, as the job runs
+them) needs those blocks too, packed once into a second folder (`--long-blocks`) with the same
+tokenizer; its steps draw from it, the held-out blocks stay the short ones (one curve from step 0 to
+the end). The two folders are packed separately from the same corpus, so in the long phase the
+held-out blocks' text also sits inside some training blocks: the last `train.long_steps` held-out
+values may read slightly high.
 
 A line per `train.log_every` steps gives the step, epoch, loss, held-out accuracies (a fixed, seeded
 5% of the blocks, at most 512, in eval mode), tokens/s and the time left; the CSV holds the same
@@ -33,7 +40,7 @@ import numpy as np
 import torch
 
 from jobs.cli import UserError, option, parse_options, run_main
-from jobs.data.packed import load_blocks
+from jobs.data.packed import TOKENIZER_FILE, load_blocks
 from jobs.pretraining.config import PretrainConfig, resolve, with_vocab_size
 from jobs.studies.figures import pyplot, save
 from model import build_pretraining_model, make_pretraining_batch
@@ -62,6 +69,8 @@ class CurvesOptions:
         "override a config key, as the pretraining job takes it", flag="--set", repeat=True, metavar="KEY=VALUE"))
     blocks: str = field(default="work/blocks", metadata=option(
         "folder of packed blocks from `python -m jobs.data.pack` at the preset's data.seq_len"))
+    long_blocks: str | None = field(default=None, metadata=option(
+        "folder of packed blocks at data.long_seq_len, for a recipe with a long phase (train.long_steps)"))
     out: str | None = field(default=None, metadata=option(
         "CSV of the curves (default: work/curves/<preset>-<variant>.csv); with --plot, the figure"))
     device: str | None = field(default=None, metadata=option("cuda or cpu (default: cuda when there is one)"))
@@ -107,8 +116,10 @@ def heldout_metrics(model, batches: list[dict], autocast) -> dict[str, float]:
     return interval.means()
 
 
-def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.device) -> list[dict]:
-    """Train as the job does and write one CSV row per log interval; the rows."""
+def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.device,
+          long_blocks: np.ndarray | None = None) -> list[dict]:
+    """Train as the job does and write one CSV row per log interval; the rows. With a long phase its
+    steps draw from `long_blocks`, and a log interval ends where it starts, as in the job."""
     torch.manual_seed(cfg.train.seed)
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
     if cfg.train.compile:
@@ -125,12 +136,13 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
     held_generator = torch.Generator().manual_seed(cfg.data.seed + 1)  # the same corruption at every evaluation
     held_batches = [corrupted(ids, cfg, held_generator, device) for ids in heldout.split(cfg.data.batch_size)]
     source = epoch_batches(training, cfg.data.batch_size, generator)
-    step_tokens = cfg.train.global_batch * cfg.data.seq_len
     corpus_tokens = len(training) * cfg.data.seq_len
     print(f"{cfg.preset} / {cfg.variant}: {cfg.train.max_steps:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} "
-          f"= {cfg.train.max_steps * step_tokens / corpus_tokens:.1f} epochs of {len(training):,} blocks "
+          + (f"(the last {cfg.train.long_steps:,} of {cfg.train.global_batch} x {cfg.data.long_seq_len}, from "
+             f"{len(long_blocks):,} blocks) " if cfg.train.long_steps else "")
+          + f"= {cfg.tokens_left(0) / corpus_tokens:.1f} epochs of {len(training):,} blocks "
           f"({len(heldout)} held out), on {device}")
-    rows, interval, started = [], Interval(), time.perf_counter()
+    rows, interval, started, tokens_seen = [], Interval(), time.perf_counter(), 0
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as handle:
         # Step 0 first: the heads' priors on the held-out blocks, and a CSV with a row from the start,
@@ -145,13 +157,19 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
         print(f"step 0/{cfg.train.max_steps} | held-out before training: " + held_out_text(first), flush=True)
         heartbeat = time.perf_counter()
         for number in range(1, cfg.train.max_steps + 1):
+            if cfg.train.long_steps and number == cfg.long_from + 1:  # the long phase: its blocks from here
+                source = epoch_batches(torch.from_numpy(long_blocks).long(), cfg.data.batch_size, generator)
+            seq_len = cfg.seq_len_at(number - 1)
+            step_tokens = cfg.train.global_batch * seq_len
             result = step(corrupted(next(source), cfg, generator, device) for _ in range(accumulation))
+            tokens_seen += step_tokens
             for values in result.values:
                 interval.add(values)
             interval.record(number, result.grad_norm)
-            if number % cfg.train.log_every and number != cfg.train.max_steps:
+            switch = bool(cfg.train.long_steps) and number == cfg.long_from  # no interval spans two lengths
+            if number % cfg.train.log_every and number != cfg.train.max_steps and not switch:
                 if time.perf_counter() - heartbeat >= HEARTBEAT_SECONDS:  # slow shapes: a sign of life
-                    print(heartbeat_line(number, cfg.train.max_steps, cfg.train.log_every, interval, step_tokens), flush=True)
+                    print(heartbeat_line(number, cfg, interval, step_tokens), flush=True)
                     heartbeat = time.perf_counter()
                 continue
             bad = interval.nonfinite()  # read once per log line: the step itself never waits for the device
@@ -159,7 +177,7 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
                 step_number, norm = bad[0]
                 raise FloatingPointError(f"non-finite gradient at step {step_number} (norm {norm}); its update was skipped")
             seconds = time.perf_counter() - interval.started
-            row = {"step": number, "epoch": number * step_tokens / corpus_tokens,
+            row = {"step": number, "epoch": tokens_seen / corpus_tokens, "seq_len": seq_len,
                    "seconds": time.perf_counter() - started, "tokens_per_second": interval.steps * step_tokens / seconds,
                    "learning_rate": scheduler.get_last_lr()[0], "grad_norm": result.grad_norm.item(),
                    **interval.means(),
@@ -167,7 +185,7 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
             writer.writerow(row)
             handle.flush()
             rows.append(row)
-            print(progress_line(row, cfg.train.max_steps, seconds / interval.steps), flush=True)
+            print(progress_line(row, cfg), flush=True)
             interval, heartbeat = Interval(), time.perf_counter()
     return rows
 
@@ -179,7 +197,7 @@ def csv_columns(model, held_batches: list[dict], autocast) -> list[str]:
     with torch.no_grad(), autocast:
         names = list(model(held_batches[0]).values())
     model.train()
-    return ["step", "epoch", "seconds", "tokens_per_second", "learning_rate", "grad_norm", *names,
+    return ["step", "epoch", "seq_len", "seconds", "tokens_per_second", "learning_rate", "grad_norm", *names,
             *(f"heldout_{name}" for name in names)]
 
 
@@ -187,20 +205,24 @@ def held_out_text(row: dict) -> str:
     return " ".join(f"{k.replace('_accuracy', '')} {row[f'heldout_{k}']:.3f}" for k in SHOWN if f"heldout_{k}" in row)
 
 
-def heartbeat_line(number: int, max_steps: int, log_every: int, interval: Interval, step_tokens: int) -> str:
+def heartbeat_line(number: int, cfg: PretrainConfig, interval: Interval, step_tokens: int) -> str:
     """Between log intervals: the step, the interval's mean loss so far, tokens/s, the time left and when
     the next held-out line comes."""
     seconds = time.perf_counter() - interval.started
     loss = interval.means().get("loss", math.nan)
+    rate = interval.steps * step_tokens / seconds
+    max_steps, log_every = cfg.train.max_steps, cfg.train.log_every
     next_log = min(max_steps, (number // log_every + 1) * log_every)
-    return (f"step {number}/{max_steps} | loss {loss:.3f} (running) | {interval.steps * step_tokens / seconds:,.0f} "
-            f"tok/s | {(max_steps - number) * seconds / interval.steps / 60:.1f} min left | held-out next at step "
-            f"{next_log}")
+    if cfg.train.long_steps and number < cfg.long_from:
+        next_log = min(next_log, cfg.long_from)
+    return (f"step {number}/{max_steps} | loss {loss:.3f} (running) | {rate:,.0f} tok/s | "
+            f"{cfg.tokens_left(number) / rate / 60:.1f} min left | held-out next at step {next_log}")
 
 
-def progress_line(row: dict, max_steps: int, step_seconds: float) -> str:
-    left = (max_steps - row["step"]) * step_seconds
-    return (f"step {row['step']}/{max_steps} | epoch {row['epoch']:.2f} | loss {row['loss']:.3f} | held-out "
+def progress_line(row: dict, cfg: PretrainConfig) -> str:
+    """The logged interval; the time left at its rate, the long phase's longer steps counted at their length."""
+    left = cfg.tokens_left(row["step"]) / row["tokens_per_second"]
+    return (f"step {row['step']}/{cfg.train.max_steps} | epoch {row['epoch']:.2f} | loss {row['loss']:.3f} | held-out "
             + held_out_text(row) + f" | {row['tokens_per_second']:,.0f} tok/s | {left / 60:.1f} min left")
 
 
@@ -262,14 +284,12 @@ def run(opts: CurvesOptions) -> list[dict]:
         print(plot([Path(p) for p in opts.plot], Path(opts.out or "curves.png")))
         return []
     cfg = resolve(opts.preset, opts.variant, list(opts.overrides))  # checks global_batch against batch_size
-    if cfg.train.long_steps:
-        raise UserError("curves trains on one folder of packed blocks, one length: a long phase (train.long_steps, "
-                        "data.long_seq_len) runs in the pretraining job only")
     blocks, meta = load_blocks(Path(opts.blocks), cfg.data.seq_len)
+    long_blocks = load_long_blocks(opts, cfg, meta)
     cfg = with_vocab_size(cfg, meta["vocab_size"])
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = Path(opts.out or f"work/curves/{opts.preset}-{opts.variant}.csv")
-    rows = train(cfg, blocks, out, device)
+    rows = train(cfg, blocks, out, device, long_blocks)
     for metric, first in left_prior(rows).items():
         print(f"{metric}: held-out {rows[-1][f'heldout_{metric}']:.3f} at step {rows[-1]['step']}; above "
               f"{LEFT_PRIOR[metric]} " + (f"from step {first}" if first else "never"))
@@ -279,6 +299,28 @@ def run(opts: CurvesOptions) -> list[dict]:
     except ImportError:  # matplotlib is optional: a bare GPU machine has none
         print("figure: skipped (no matplotlib here; `--plot` draws it where there is)")
     return rows
+
+
+def load_long_blocks(opts: CurvesOptions, cfg: PretrainConfig, meta: dict) -> np.ndarray | None:
+    """The long phase's blocks where the recipe has one: packed at data.long_seq_len from the same corpus
+    with the same tokenizer as --blocks (else the two phases would read different pieces)."""
+    if not cfg.train.long_steps:
+        if opts.long_blocks:
+            raise UserError(f"--long-blocks {opts.long_blocks}: this recipe has no long phase (train.long_steps=0)")
+        return None
+    length = cfg.data.long_seq_len
+    if not opts.long_blocks:
+        raise UserError(f"the recipe's last {cfg.train.long_steps} steps train on blocks of {length} (train.long_steps, "
+                        f"data.long_seq_len): pack them once with `python -m jobs.data.pack --seq-len {length} "
+                        f"--vocab-size {meta['vocab_size']} --out {opts.blocks}-{length}` and pass "
+                        f"--long-blocks {opts.blocks}-{length}")
+    long_blocks, long_meta = load_blocks(Path(opts.long_blocks), length)
+    same = ((Path(opts.blocks) / TOKENIZER_FILE).read_bytes() == (Path(opts.long_blocks) / TOKENIZER_FILE).read_bytes()
+            and long_meta["corpus"] == meta["corpus"])
+    if not same:
+        raise UserError(f"{opts.blocks} and {opts.long_blocks} were packed from different corpora or tokenizers: "
+                        "pack both from the same ones")
+    return long_blocks
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
