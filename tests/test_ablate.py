@@ -214,13 +214,15 @@ def test_a_study_says_where_its_readouts_read_positions_its_pretraining_never_tr
         opts = AblationOptions(variants=("cocolm", "electra"), preset="study-cpu", overrides=overrides, **kw)
         return untrained_positions_note(opts, seed_configs(opts))
 
-    assert note("data.seq_len=64") == ""  # blocks of 64, every readout at 64 tokens
-    assert note("data.seq_len=128") == ""
-    short = note(tasks="snli", grid="study-cpu")  # the preset's blocks of 32
+    no_long_phase = ("data.long_seq_len=0", "train.long_steps=0")
+    assert note("data.seq_len=64", *no_long_phase) == ""  # blocks of 64, every readout at 64 tokens
+    assert note("data.seq_len=128", *no_long_phase) == ""
+    short = note(*no_long_phase, tasks="snli", grid="study-cpu")  # the preset's blocks of 32 alone
     assert short == ("note: pretraining trains positions 0-31 (data.seq_len, data.long_seq_len), but [CLS] cosines "
                      "read up to 64 tokens, linear probes read up to 64 tokens, fine-tuning (grid study-cpu) read up to 64 tokens: "
                      "the absolute position embeddings from 32 on are never trained (weight decay only shrinks them)")
-    assert note(probe_pairs=0, represent_pairs=0) == ""  # no readout past 32
+    assert note(*no_long_phase, probe_pairs=0, represent_pairs=0) == ""  # no readout past 32
     assert note("data.long_seq_len=64", "train.long_steps=200", tasks="snli", grid="study-cpu") == ""
-    assert "fine-tuning (grid paper) read up to 512" in note("data.seq_len=64", tasks="glue", grid="paper",
+    assert note(tasks="snli", grid="study-cpu") == ""  # the preset's own long phase trains positions 32-63
+    assert "fine-tuning (grid paper) read up to 512" in note("data.seq_len=64", *no_long_phase, tasks="glue", grid="paper",
                                                               probe_pairs=0, represent_pairs=0)

@@ -29,17 +29,18 @@ COMMANDS = {
     r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env":
         "needs a cloud account (cluster.yaml); tests/test_platform.py checks the files",
     r"^python -m jobs\.studies\.ablate --preset study-cpu|^python -m analysis\.report --experiment ablation-study-cpu|"
-    r"^python -m analysis\.report --experiment recipe-seq32-gate":
+    r"^python -m analysis\.report --experiment recipe-seq32-(gate|long64)":
         "the CPU studies: hours on 2 cores; their output is committed in docs/measurements/",
     r"^python -m jobs\.studies\.ablate --preset study |^python -m analysis\.report --experiment ablation-study ":
         "GPU-sized (the README says so)",
     r"^python -m jobs\.studies\.ablate --preset tiny --variants cocolm,electra|"
     r"^python -m analysis\.report --experiment ablation-tiny":
         "tests/test_ablate.py and tests/test_report.py run the same path at test size",
-    r"^python -m jobs\.data\.pack --seq-len 32 --vocab-size 4000 --out work/blocks-study-cpu": RUN_HERE,
-    r"^python -m jobs\.studies\.curves --preset study-cpu .*--set train\.max_steps=50 --out work/curves/first-look\.csv":
+    r"^python -m jobs\.data\.pack --seq-len (32|64) --vocab-size 4000 --out work/blocks-study-cpu": RUN_HERE,
+    r"^python -m jobs\.studies\.curves --preset study-cpu .*--set train\.max_steps=50 .*--out work/curves/first-look\.csv":
         RUN_HERE,
-    r"^python -m jobs\.studies\.curves --preset study-cpu --blocks work/blocks-study-cpu --variant (cocolm|roberta_mlm)$":
+    r"^python -m jobs\.studies\.curves --preset study-cpu --blocks work/blocks-study-cpu --long-blocks "
+    r"work/blocks-study-cpu-64 --variant (cocolm|roberta_mlm)$":
         "3,000 steps each, about 15 minutes on 2 cores; tests/test_curves.py runs the probe at test size",
     r"^python -m jobs\.studies\.curves --plot": "tests/test_curves.py draws CSVs of two variants",
     r"^python -m jobs\.data\.pack --seq-len 128 --vocab-size 8192 --out work/blocks-study$|"
@@ -149,6 +150,8 @@ def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tm
 
     out = run(r"^python -m jobs\.data\.pack --seq-len 32")
     assert re.search(r"packed [\d,]+ blocks of 32 \([\d,]+ tokens, vocabulary 4,000\) into work/blocks-study-cpu", out)
+    out = run(r"^python -m jobs\.data\.pack --seq-len 64")  # the long phase's blocks, with the cached tokenizer
+    assert re.search(r"packed [\d,]+ blocks of 64 \([\d,]+ tokens, vocabulary 4,000\) into work/blocks-study-cpu-64", out)
 
     out = run(r"first-look\.csv")
     # the README: a line per log interval with held-out accuracies, step 0 first; the CSV and its figure
@@ -156,4 +159,6 @@ def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tm
     assert "curves: work/curves/first-look.csv" in out
     rows = (tmp_path / "work/curves/first-look.csv").read_text().splitlines()
     assert rows[1].startswith("0,") and rows[-1].startswith("50,")
+    # the preset's long phase, at first-look size: the last 10 steps on blocks of 64, a line where it starts
+    assert "(the last 10 of 32 x 64" in out and re.search(r"step 40/50 \| epoch", out)
     assert "\x1b[" not in out and "%|" not in out  # no colour codes, no progress-bar frames
