@@ -53,3 +53,29 @@ def test_the_control_is_the_main_encoder_a_pretraining_run_of_that_seed_starts_f
     started = build_pretraining_model(cfg.model, cfg.objective).main.state_dict()
     control = initial_encoder(cfg, 5).state_dict()
     assert control.keys() == started.keys() and all(torch.equal(control[k], started[k]) for k in started)
+
+
+def test_the_control_is_the_same_encoder_whatever_another_thread_draws_meanwhile():
+    """`ablate --concurrent-runs 2` builds a control in one thread while another reads out a run with torch
+    in the same process: drawing from torch's global generator between the seed and the build gave
+    controls of one seed that differed between studies (docs/measurements/cpu-study-seq32-long64/)."""
+    import threading
+
+    cfg = with_vocab_size(resolve("tiny", "electra"), 1000)
+    torch.manual_seed(5)
+    expected = build_pretraining_model(cfg.model, cfg.objective).main.state_dict()
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            torch.rand(10_000)
+
+    other = threading.Thread(target=draw)
+    other.start()
+    try:
+        built = [initial_encoder(cfg, 5).state_dict() for _ in range(3)]
+    finally:
+        stop.set()
+        other.join()
+    for control in built:
+        assert all(torch.equal(control[k], expected[k]) for k in expected)

@@ -10,9 +10,9 @@ compares it with the runs of that budget), and the exported encoder (`encoder/`,
 and the tokenizer (`tokenizer/`) where `jobs.pretraining.job` puts them. So `jobs.studies.represent`,
 `jobs.studies.probe` and `python -m jobs.finetuning --from RUN_ID` load it as they load any run.
 
-The encoder is `Encoder(cfg.model.main)` right after `torch.manual_seed(seed)`: the weights a
-pretraining run with `train.seed=seed` starts from (its main encoder is the first module built after
-that seed). It has no language-model head and no checkpoint (no `cocolm.checkpoint` tag): there is
+The encoder is `Encoder(cfg.model.main)` right after `torch.manual_seed(seed)`, in a fresh process so
+that no other thread's draw falls between the two: the weights a pretraining run with `train.seed=seed`
+starts from (its main encoder is the first module built after that seed). It has no language-model head and no checkpoint (no `cocolm.checkpoint` tag): there is
 nothing to resume and nothing for prompt-based fine-tuning to read. The same (preset, seed, encoder
 shape) in the same experiment is found again, never made twice.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import tempfile
 from pathlib import Path
 
@@ -53,9 +54,24 @@ def run_key(cfg: PretrainConfig, seed: int) -> str:
 
 
 def initial_encoder(cfg: PretrainConfig, seed: int) -> Encoder:
-    """The main encoder at initialisation, seeded as a pretraining run with train.seed=seed seeds it."""
+    """The main encoder at initialisation, seeded as a pretraining run with train.seed=seed seeds it.
+
+    Built in a fresh process: torch has one generator per process, and `ablate --concurrent-runs`
+    builds a control in one thread while another reads out a run with torch. Draws between the seed
+    and the build gave one seed's control different weights in two studies (and the build's own draws
+    would shift that readout's). Here the caller's generator is never touched."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        state = pool.apply(seeded_state, (cfg.model.main, seed))
+    with torch.device("meta"):  # the shapes only: no draw from this process's generator
+        encoder = Encoder(cfg.model.main)
+    encoder.load_state_dict(state, assign=True)
+    return encoder
+
+
+def seeded_state(config, seed: int) -> dict:
+    """The weights `Encoder(config)` gets right after `torch.manual_seed(seed)` (run in initial_encoder's process)."""
     torch.manual_seed(seed)
-    return Encoder(cfg.model.main)
+    return Encoder(config).state_dict()
 
 
 def random_init_run(client: MlflowClient, experiment: str, cfg: PretrainConfig, seed: int,
