@@ -142,7 +142,7 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
              f"{len(long_blocks):,} blocks) " if cfg.train.long_steps else "")
           + f"= {cfg.tokens_left(0) / corpus_tokens:.1f} epochs of {len(training):,} blocks "
           f"({len(heldout)} held out), on {device}")
-    rows, interval, started, tokens_seen = [], Interval(), time.perf_counter(), 0
+    rows, interval, started = [], Interval(), time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as handle:
         # Step 0 first: the heads' priors on the held-out blocks, and a CSV with a row from the start,
@@ -162,7 +162,6 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
             seq_len = cfg.seq_len_at(number - 1)
             step_tokens = cfg.train.global_batch * seq_len
             result = step(corrupted(next(source), cfg, generator, device) for _ in range(accumulation))
-            tokens_seen += step_tokens
             for values in result.values:
                 interval.add(values)
             interval.record(number, result.grad_norm)
@@ -177,7 +176,7 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
                 step_number, norm = bad[0]
                 raise FloatingPointError(f"non-finite gradient at step {step_number} (norm {norm}); its update was skipped")
             seconds = time.perf_counter() - interval.started
-            row = {"step": number, "epoch": tokens_seen / corpus_tokens, "seq_len": seq_len,
+            row = {"step": number, "epoch": (cfg.tokens_left(0) - cfg.tokens_left(number)) / corpus_tokens, "seq_len": seq_len,
                    "seconds": time.perf_counter() - started, "tokens_per_second": interval.steps * step_tokens / seconds,
                    "learning_rate": scheduler.get_last_lr()[0], "grad_norm": result.grad_norm.item(),
                    **interval.means(),
