@@ -13,8 +13,9 @@ and the tokenizer (`tokenizer/`) where `jobs.pretraining.job` puts them. So `job
 The encoder is `Encoder(cfg.model.main)` right after `torch.manual_seed(seed)`, in a fresh process so
 that no other thread's draw falls between the two: the weights a pretraining run with `train.seed=seed`
 starts from (its main encoder is the first module built after that seed). It has no language-model
-head and no checkpoint (no `cocolm.checkpoint` tag): there is nothing to resume and nothing for prompt-based fine-tuning to read. The same (preset, seed, encoder
-shape) in the same experiment is found again, never made twice.
+head and no checkpoint (no `cocolm.checkpoint` tag): there is nothing to resume and nothing for
+prompt-based fine-tuning to read. The same (preset, seed, encoder shape) in the same experiment is
+found again, never made twice.
 """
 
 from __future__ import annotations
