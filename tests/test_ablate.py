@@ -30,7 +30,7 @@ def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_seeds_and_la
     assert finished_sweep(client, "no-such-experiment", "p1", "snli", "quick", (0, 1, 2, 3, 4)) == ""
 
 
-def test_each_seed_pretrains_and_reads_out_every_variant_then_its_control(tmp_path, monkeypatch):
+def test_each_seed_pretrains_and_reads_out_every_variant_then_its_control(tmp_path, monkeypatch, capsys):
     """The study's order (seeds outer; the control once per seed, after its last variant) and what each
     result carries, with several variants: the end-to-end test below runs one. No Ray: the pretraining
     runs and the controls are fake finished runs as the jobs leave them."""
@@ -51,7 +51,7 @@ def test_each_seed_pretrains_and_reads_out_every_variant_then_its_control(tmp_pa
     def made_control(client_, experiment, cfg, seed):
         done.append((seed, "random_init"))
         exp = client.get_experiment_by_name(experiment).experiment_id
-        return fake_pretraining_run(client, exp, "random_init", {}, seed=seed)
+        return fake_pretraining_run(client, exp, "random_init", {}, seed=seed), True
 
     monkeypatch.setattr(ablate.pretrain, "run", pretrained)
     monkeypatch.setattr(control, "random_init_run", made_control)
@@ -64,6 +64,27 @@ def test_each_seed_pretrains_and_reads_out_every_variant_then_its_control(tmp_pa
     for v in study.variants:  # each run tagged with its seed and the gate's verdict
         tags = client.get_run(v.pretraining_run).data.tags
         assert tags["pretraining_seed"] == str(v.seed) and tags["cocolm.gate"] == v.gate != ""
+    # After each unit, a line with how many are done, what this one took and the time left at this pace.
+    done = [line for line in capsys.readouterr().out.splitlines() if " done; " in line]
+    assert [line.split(": ", 1)[1].split(" took ")[0] for line in done] == [
+        "1/6 done; cocolm, seed 0", "2/6 done; rtd_only, seed 0", "3/6 done; random-init control, seed 0",
+        "4/6 done; cocolm, seed 1", "5/6 done; rtd_only, seed 1", "6/6 done; random-init control, seed 1"]
+    assert all(" left at this sitting's pace ===" in line for line in done[:-1])
+    assert done[-1].endswith("; the study is done ===")
+
+
+def test_the_time_a_study_has_left_counts_each_unit_at_its_variants_pace():
+    from jobs.studies.ablate import minutes_left
+
+    took = {"cocolm": [30.0, 34.0], "electra": [18.0]}
+    assert minutes_left({}, [("cocolm", 5.0)], ["electra"], 2) is None  # no unit did work yet
+    # Waiting: cocolm 32 (its mean), electra 18, random_init 26 (no unit yet: the mean of all three);
+    # going: an electra unit that has run 10 of its 18.
+    assert minutes_left(took, [("electra", 10.0)], ["cocolm", "electra", "random_init"], 1) == pytest.approx(
+        32 + 18 + (30 + 34 + 18) / 3 + 8)
+    assert minutes_left(took, [("electra", 10.0)], ["cocolm", "electra", "random_init"], 2) == pytest.approx(
+        (32 + 18 + (30 + 34 + 18) / 3 + 8) / 2)  # two slots share the work
+    assert minutes_left(took, [("electra", 25.0)], [], 1) == 0.0  # a unit past its variant's pace: none left, not less
 
 
 @pytest.mark.slow
@@ -138,8 +159,11 @@ def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_l
     assert "lm_accuracy_replaced" in cocolm_line and cocolm_line.index("copy_accuracy") < cocolm_line.index("| loss")
     assert "compare runs:" in out and "runs table:" in out and "gate: " in out  # links into the MLflow UI
 
+    capsys.readouterr()
     again = main(argv)  # a finished study: nothing runs
     assert {(v.sweep_status, v.represent_status) for v in again.variants} == {("ALREADY_FINISHED",) * 2}
+    done = [line for line in capsys.readouterr().out.splitlines() if " done; " in line]
+    assert len(done) == 4 and all("was done before" in line and "took" not in line for line in done)
     assert len(client.search_runs([exp], filter_string="tags.kind = 'pretraining'")) == 4
 
 

@@ -20,9 +20,9 @@ def test_the_control_is_found_again_and_loads_as_a_pretraining_run(tokenizer_dir
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     cfg = resolve("tiny", "cocolm", ["train.max_steps=40"])
-    first = random_init_run(client, "ablation-tiny", cfg, 3, tokenizer_dir)
-    assert random_init_run(client, "ablation-tiny", cfg, 3, tokenizer_dir) == first  # found, not made again
-    other = random_init_run(client, "ablation-tiny", cfg, 4, tokenizer_dir)
+    first, made = random_init_run(client, "ablation-tiny", cfg, 3, tokenizer_dir)
+    assert made and random_init_run(client, "ablation-tiny", cfg, 3, tokenizer_dir) == (first, False)  # found again
+    other, _ = random_init_run(client, "ablation-tiny", cfg, 4, tokenizer_dir)
     assert other != first
 
     exp = experiment_id(client, "ablation-tiny", uri)

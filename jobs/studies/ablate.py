@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +136,12 @@ class VariantResult:
     sweep_status: str = ""  # FINISHED | ALREADY_FINISHED | ""
     represent_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
     gate: str = ""  # jobs.studies.gate's verdict on the run
+    probe_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
+
+    @property
+    def did_work(self) -> bool:
+        """False for a unit that an earlier sitting finished: this one only found it."""
+        return "FINISHED" in (self.pretraining_status, self.sweep_status, self.represent_status, self.probe_status)
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,9 @@ def run(opts: AblationOptions) -> AblationResult:
             resolve_tokenizer(cfg.data)
     if note := untrained_positions_note(opts, configs):
         print(note, flush=True)
-    results = _run_units(_Study(opts, client, tracking_uri, readouts), _units(opts, configs), opts.concurrent_runs)
+    units = _units(opts, configs)
+    pace = Pace([variant for _, variant, _ in units], opts.concurrent_runs)
+    results = _run_units(_Study(opts, client, tracking_uri, readouts, pace), units, opts.concurrent_runs)
     print(_summary(opts, tracking_uri, results))
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
@@ -267,14 +277,24 @@ class _Study:
     client: Any
     tracking_uri: str
     readouts: Readouts
+    pace: Pace
     readout_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unit(self, i: int, count: int, seed: int, variant: str, cfg: PretrainConfig) -> VariantResult:
-        opts, client = self.opts, self.client
+        self.pace.start(i)
+        result, made = self._unit(i, count, seed, variant, cfg)
+        label = f"{variant}, seed {seed}" if variant != RANDOM_INIT_VARIANT else f"random-init control, seed {seed}"
+        print(f"\n=== ablation {self.opts.experiment_name}: {self.pace.finish(i, label, made or result.did_work)} ===",
+              flush=True)
+        return result
+
+    def _unit(self, i: int, count: int, seed: int, variant: str, cfg: PretrainConfig) -> tuple[VariantResult, bool]:
+        """The unit's result, and whether a control was made now (its status says CONTROL either way)."""
+        opts, client, made = self.opts, self.client, False
         if variant == RANDOM_INIT_VARIANT:
             print(f"\n=== ablation {opts.experiment_name}: {i}/{count}: random-init control, seed {seed} ===",
                   flush=True)
-            run_id, status = control.random_init_run(client, opts.experiment_name, cfg, seed), "CONTROL"
+            (run_id, made), status = control.random_init_run(client, opts.experiment_name, cfg, seed), "CONTROL"
         else:
             print(f"\n=== ablation {opts.experiment_name}: {i}/{count}: {variant}, pretraining seed {seed} ===",
                   flush=True)
@@ -282,7 +302,7 @@ class _Study:
             client.set_tag(done.run_id, PRETRAINING_SEED_TAG, str(seed))
             run_id, status = done.run_id, done.status
         with self.readout_lock:
-            return _read_out(opts, client, self.tracking_uri, self.readouts, variant, seed, run_id, status)
+            return _read_out(opts, client, self.tracking_uri, self.readouts, variant, seed, run_id, status), made
 
 
 @dataclass(frozen=True)
@@ -297,10 +317,63 @@ def _read_out(opts: AblationOptions, client, tracking_uri: str, readouts: Readou
     reads them), the probes, the sweep."""
     represent_status = _represent(client, run_id, readouts.pairs)
     verdict = _gate(client, run_id)
-    if readouts.probe_task is not None:
-        probe.analyse_run(client, run_id, readouts.probe_task)
+    probe_status = "" if readouts.probe_task is None else probe.analyse_run(client, run_id, readouts.probe_task).status
     sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, run_id, variant, seed)
-    return VariantResult(variant, seed, run_id, status, sweep_run, sweep_status, represent_status, verdict)
+    return VariantResult(variant, seed, run_id, status, sweep_run, sweep_status, represent_status, verdict, probe_status)
+
+
+@dataclass
+class Pace:
+    """This sitting's pace, for the line after each unit: how long its units took, by variant, and which
+    are still going. A study of 4 seeds runs for hours; this says about how many are left."""
+
+    variants: list[str]  # each unit's variant, in the study's order (unit i is variants[i - 1])
+    concurrent: int
+    minutes: dict[str, list[float]] = field(default_factory=dict)  # variant -> minutes of its units that did work
+    started: dict[int, float] = field(default_factory=dict)  # unit -> time.monotonic() at its start
+    finished: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, i: int) -> None:
+        with self.lock:
+            self.started[i] = time.monotonic()
+
+    def finish(self, i: int, label: str, did_work: bool) -> str:
+        """Record unit i as finished; say how long it took and about how long the study has left."""
+        with self.lock:
+            now, variant = time.monotonic(), self.variants[i - 1]
+            took = (now - self.started.pop(i)) / 60
+            self.finished.add(i)
+            if did_work:  # a unit an earlier sitting did takes seconds here: it says nothing of the pace
+                self.minutes.setdefault(variant, []).append(took)
+            going = [(self.variants[j - 1], (now - t) / 60) for j, t in self.started.items()]
+            waiting = [v for j, v in enumerate(self.variants, 1) if j not in self.finished and j not in self.started]
+            left = minutes_left(self.minutes, going, waiting, self.concurrent)
+            line = f"{len(self.finished)}/{len(self.variants)} done; {label} " + (
+                f"took {took:.1f} min" if did_work else "was done before")
+        if not (waiting or going):
+            return line + "; the study is done"
+        return line if left is None else line + f"; about {_minutes(left)} left at this sitting's pace"
+
+
+def _minutes(minutes: float) -> str:
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
+def minutes_left(took: dict[str, list[float]], going: list[tuple[str, float]], waiting: list[str],
+                 concurrent: int) -> float | None:
+    """The study's minutes left at this sitting's pace, or None before any unit did work. A unit not
+    finished is expected to take the mean minutes of its variant's units (of every unit, for a variant
+    none of whose units did work yet), less what it has run if going; the sum is shared by the
+    `concurrent` slots (which assumes they stay busy: the last units of a study may leave one idle)."""
+    every = [m for ms in took.values() for m in ms]
+    if not every:
+        return None
+
+    def expected(variant: str) -> float:
+        return statistics.fmean(took.get(variant) or every)
+    work = sum(expected(v) for v in waiting) + sum(max(expected(v) - ran, 0.0) for v, ran in going)
+    return work / concurrent
 
 
 def _gate(client, run_id: str) -> str:

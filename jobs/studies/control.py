@@ -1,6 +1,6 @@
 """The random-init control: the preset's main encoder at initialisation, logged as a pretraining run.
 
-    random_init_run(client, experiment, cfg, seed, tokenizer_dir=None) -> run id
+    random_init_run(client, experiment, cfg, seed, tokenizer_dir=None) -> (run id, made now)
 
 A variant that does not beat an encoder that never trained has shown nothing downstream (issue 33).
 The control is read out like every variant, so it looks like one to every reader: a FINISHED run
@@ -76,9 +76,9 @@ def seeded_state(config, seed: int) -> dict:
 
 
 def random_init_run(client: MlflowClient, experiment: str, cfg: PretrainConfig, seed: int,
-                    tokenizer_dir: str | Path | None = None) -> str:
-    """The id of the FINISHED control run of (cfg.preset, seed, encoder shape) in `experiment`: found, or
-    made with the tokenizer the study's pretraining runs use (`tokenizer_dir`, default the job's own:
+                    tokenizer_dir: str | Path | None = None) -> tuple[str, bool]:
+    """The id of the FINISHED control run of (cfg.preset, seed, encoder shape) in `experiment` and whether
+    this call made it: found, or made with the tokenizer the study's pretraining runs use (`tokenizer_dir`, default the job's own:
     data.tokenizer_dir or the cached one for the corpus)."""
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else resolve_tokenizer(cfg.data)
     cfg = control_config(cfg, seed, load_tokenizer(tokenizer_dir).get_vocab_size())
@@ -89,7 +89,7 @@ def random_init_run(client: MlflowClient, experiment: str, cfg: PretrainConfig, 
     run_id, status = tracking.find_or_start_run(client, experiment_id, key, key, tags)
     if status == "FINISHED":
         print(f"random-init control {key} already logged: MLflow run {run_id}", flush=True)
-        return run_id
+        return run_id, False
     with tracking.ending_run(client, run_id):
         tracking.log_params(client, run_id, cfg.flat())
         client.log_text(run_id, to_yaml(cfg), "config.yaml")
@@ -99,4 +99,4 @@ def random_init_run(client: MlflowClient, experiment: str, cfg: PretrainConfig, 
         client.log_artifacts(run_id, str(tokenizer_dir), "tokenizer")
     print(f"random-init control {key}: MLflow run {run_id} (the {cfg.preset} main encoder at initialisation, "
           f"seed {seed}, never trained)", flush=True)
-    return run_id
+    return run_id, True
