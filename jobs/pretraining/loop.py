@@ -126,7 +126,7 @@ class Logger:
         say(f"step {state.step}/{self.cfg.train.max_steps} | loss {metrics['loss']:.3f} | "
               + " ".join(f"{k.removesuffix('_loss')} {metrics[k]:.3f}" for k in
                          ("aux_mlm_loss", "copy_loss", "lm_loss", "scl_loss", "mlm_loss") if k in metrics)
-              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {_duration(left)} left"
+              + f" | lr {lr:.2e} | {metrics['tokens_per_second']:,.0f} tok/s | {duration(left)} left"
               + self._attention())
 
     def _attention(self) -> str:
@@ -168,7 +168,8 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """19m42s, or 1h05m from an hour on: the time left of a run or a study."""
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -67,6 +67,7 @@ from jobs.names import (COMPARABLE_METRICS, GATE_TAG, KIND_SWEEP, KIND_TAG, PRET
                         RANDOM_INIT_VARIANT, REPRESENT_METRICS, STOP_TAG)
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.pretraining.config import PretrainConfig, resolve
+from jobs.pretraining.loop import duration
 from jobs.ray_session import init_ray
 from jobs.runs import SEED_PARAMS
 from jobs.studies import control, probe, represent
@@ -317,7 +318,8 @@ def _read_out(opts: AblationOptions, client, tracking_uri: str, readouts: Readou
     reads them), the probes, the sweep."""
     represent_status = _represent(client, run_id, readouts.pairs)
     verdict = _gate(client, run_id)
-    probe_status = "" if readouts.probe_task is None else probe.analyse_run(client, run_id, readouts.probe_task).status
+    probe_status = "" if readouts.probe_task is None else \
+        probe.analyse_run(client, run_id, readouts.probe_task).status
     sweep_run, sweep_status = ("", "") if not opts.tasks else _sweep(opts, client, tracking_uri, run_id, variant, seed)
     return VariantResult(variant, seed, run_id, status, sweep_run, sweep_status, represent_status, verdict, probe_status)
 
@@ -350,14 +352,10 @@ class Pace:
             waiting = [v for j, v in enumerate(self.variants, 1) if j not in self.finished and j not in self.started]
             left = minutes_left(self.minutes, going, waiting, self.concurrent)
             line = f"{len(self.finished)}/{len(self.variants)} done; {label} " + (
-                f"took {took:.1f} min" if did_work else "was done before")
+                f"took {duration(took * 60)}" if did_work else "was done before")
         if not (waiting or going):
             return line + "; the study is done"
-        return line if left is None else line + f"; about {_minutes(left)} left at this sitting's pace"
-
-
-def _minutes(minutes: float) -> str:
-    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+        return line if left is None else line + f"; about {duration(left * 60)} left at this sitting's pace"
 
 
 def minutes_left(took: dict[str, list[float]], going: list[tuple[str, float]], waiting: list[str],

@@ -78,8 +78,8 @@ def seeded_state(config, seed: int) -> dict:
 def random_init_run(client: MlflowClient, experiment: str, cfg: PretrainConfig, seed: int,
                     tokenizer_dir: str | Path | None = None) -> tuple[str, bool]:
     """The id of the FINISHED control run of (cfg.preset, seed, encoder shape) in `experiment` and whether
-    this call made it: found, or made with the tokenizer the study's pretraining runs use (`tokenizer_dir`, default the job's own:
-    data.tokenizer_dir or the cached one for the corpus)."""
+    this call made it: found, or made with the tokenizer the study's pretraining runs use (`tokenizer_dir`,
+    default the job's own: data.tokenizer_dir or the cached one for the corpus)."""
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else resolve_tokenizer(cfg.data)
     cfg = control_config(cfg, seed, load_tokenizer(tokenizer_dir).get_vocab_size())
     experiment_id = tracking.experiment_id(client, experiment, client.tracking_uri)

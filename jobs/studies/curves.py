@@ -176,7 +176,8 @@ def train(cfg: PretrainConfig, blocks: np.ndarray, out: Path, device: torch.devi
                 step_number, norm = bad[0]
                 raise FloatingPointError(f"non-finite gradient at step {step_number} (norm {norm}); its update was skipped")
             seconds = time.perf_counter() - interval.started
-            row = {"step": number, "epoch": (cfg.tokens_left(0) - cfg.tokens_left(number)) / corpus_tokens, "seq_len": seq_len,
+            epoch = (cfg.tokens_left(0) - cfg.tokens_left(number)) / corpus_tokens
+            row = {"step": number, "epoch": epoch, "seq_len": seq_len,
                    "seconds": time.perf_counter() - started, "tokens_per_second": interval.steps * step_tokens / seconds,
                    "learning_rate": scheduler.get_last_lr()[0], "grad_norm": result.grad_norm.item(),
                    **interval.means(),
