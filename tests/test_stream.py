@@ -6,6 +6,9 @@ import collections
 import gzip
 import json
 import random
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import torch
 
 from jobs.cli import UserError
 from jobs.data.config import DataConfig
+from jobs.data import corpus as corpus_module
 from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
 from jobs.data.stream import build_stream, corrupt, pack, pretraining_batches
 from jobs.data.tokenizer import resolve_tokenizer
@@ -318,6 +322,50 @@ def test_a_corpus_with_nothing_usable_is_a_clear_error(ray_local, tmp_path):
     (tmp_path / "nothing").mkdir()
     with pytest.raises(ValueError, match="corpus is empty"):
         read_documents([str(tmp_path / "nothing")])
+
+
+def test_the_empty_corpus_check_reads_one_file_at_a_time_until_one_has_a_document(ray_local, tmp_path, monkeypatch):
+    """A `take(1)` over several files would start a read per file and cancel the rest (see the next test)."""
+    _write_jsonl(tmp_path / "a_blank.jsonl", [{"text": " "}])
+    for name in ("b.jsonl", "c.jsonl"):
+        _write_jsonl(tmp_path / name, [{"text": t} for t in _shipped_texts(2)])
+    asked = []
+    documents_of = corpus_module._documents
+
+    def recorded(paths, *args):
+        asked.append([Path(p).name for p in paths])
+        return documents_of(paths, *args)
+
+    monkeypatch.setattr(corpus_module, "_documents", recorded)
+    documents, _ = read_documents([str(tmp_path)])
+    assert asked == [["a_blank.jsonl"], ["b.jsonl"], ["a_blank.jsonl", "b.jsonl", "c.jsonl"]]
+    assert documents.count() == 4
+
+
+@pytest.mark.slow
+def test_a_job_started_in_the_background_by_a_script_reports_no_cancelled_file(tmp_path):
+    """A script's `job &` inherits SIGINT ignored, and so do its Ray workers; Ray cancels a task with
+    SIGINT, and a cancelled task in such a worker is logged as `TypeError: 'Handlers' object is not
+    callable` from `_clean_file`, as if a file had failed. The check that the corpus is not empty must
+    start no read it then cancels: a small file first, then the shipped corpus's three large ones, which
+    a `take(1)` over every file would still be reading when the small one gave its row (and then either
+    finish, SIGINT being ignored, or fail so)."""
+    _write_jsonl(tmp_path / "small.jsonl", [{"text": "A first document, quickly read."}])
+    script = (
+        "import time\n"
+        "import ray\n"
+        "from jobs.data.corpus import read_documents, shipped_corpus, skip_summary\n"
+        "ray.init(address='local', num_cpus=2, include_dashboard=False)\n"
+        f"documents, counter = read_documents([{str(tmp_path / 'small.jsonl')!r}, *shipped_corpus()])\n"
+        "time.sleep(8)  # a read started and not cancelled (SIGINT ignored) reports its file meanwhile\n"
+        "print('checked', skip_summary(counter).files, 'files', flush=True)\n"
+        "print('read', documents.count(), 'documents of', skip_summary(counter).files, 'files', flush=True)\n"
+    )
+    job = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parents[1], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "checked 1 files" in job.stdout and "of 4 files" in job.stdout  # the check read the small file alone
+    assert "not callable" not in job.stderr and "Unhandled error" not in job.stderr, job.stderr[-3000:]
 
 
 def test_a_missing_path_is_named(tmp_path):

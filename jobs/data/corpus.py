@@ -336,8 +336,8 @@ def read_documents(
 
     `num_cpus` is per Ray Data task: fractional, so a data stream next to Train workers that hold
     most CPUs still gets a budget (see docs/design.md section 4: on 2 cores Ray Data otherwise gets none and hangs).
-    With `check_not_empty`, one document is pulled right away so that a corpus with nothing usable
-    fails here, with the counts, instead of as an empty epoch later.
+    With `check_not_empty`, one document is pulled right away, file by file until one has it, so that a
+    corpus with nothing usable fails here, with the counts, instead of as an empty epoch later.
     """
     files = expand_paths(paths)
     counter = new_skip_counter()
@@ -349,10 +349,31 @@ def read_documents(
             ray.get(counter.report.remote(path, 0, {"unreadable_file": 1}))
     if not readable:
         raise UserError(f"corpus is empty: no readable file in {list(paths)}\n{skip_summary(counter).format()}")
-    documents = ray.data.read_datasource(
-        _RawBytes(readable, include_paths=True),
+
+    def has_a_document(path: str) -> bool:
+        return bool(_documents([path], counter, max_record_chars, num_cpus).take(1))
+
+    if check_not_empty and not any(has_a_document(path) for path in readable):
+        raise UserError(f"corpus is empty after cleaning: {list(paths)}\n{skip_summary(counter).format()}")
+    return _documents(readable, counter, max_record_chars, num_cpus), counter
+
+
+def _documents(
+    paths: list[str], counter: ray.actor.ActorHandle, max_record_chars: int, num_cpus: float
+) -> ray.data.Dataset:
+    """The cleaned documents of `paths`, one file per task.
+
+    `read_documents` looks for a first document one file at a time, not with a `take(1)` over the
+    whole corpus: that one would start a task per file and cancel those still running once it has its
+    row. Ray cancels a task by sending SIGINT to its worker, and a worker of a job started in the
+    background by a script inherits SIGINT ignored; Ray 2.60 then calls the ignored disposition and
+    logs `Unhandled error ... _clean_file ... TypeError: 'Handlers' object is not callable` for each
+    cancelled file, which reads like a file that failed (and the cancelled reads were work wasted).
+    """
+    return ray.data.read_datasource(
+        _RawBytes(paths, include_paths=True),
         num_cpus=num_cpus,
-        override_num_blocks=len(readable),  # one file per read task (see module doc for URI folders)
+        override_num_blocks=len(paths),  # one file per read task (see module doc for URI folders)
     ).flat_map(
         # A flat_map, not map_batches: Ray fuses a map_batches into the next one and then bundles
         # batch_size *files* into one task; flat_map keeps one file per task.
@@ -360,9 +381,6 @@ def read_documents(
         num_cpus=num_cpus,
         fn_kwargs={"counter": counter, "max_record_chars": max_record_chars},
     )
-    if check_not_empty and not documents.take(1):
-        raise UserError(f"corpus is empty after cleaning: {list(paths)}\n{skip_summary(counter).format()}")
-    return documents, counter
 
 
 def corpus_paths(cfg: DataConfig) -> list[str]:
