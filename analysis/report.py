@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -171,7 +172,9 @@ def curves_figure(hist: pd.DataFrame, labels: dict[str, str], panels: Sequence[t
         handles += [plt.Line2D([], [], color="black", linestyle=s) for s in ("-", "--")]
         names += [f"{s}: {w}" for s, w in zip(("solid", "dashed"), _differing_words(*two))]
     missing = [labels[r] for r in labels if r not in drawn]
-    note = f"\nnot logged by {', '.join(missing)}" if missing else ""
+    # wrapped to the figure's width (about 10 title characters an inch): a 4-seed study's runs without
+    # these curves (MLM baselines, controls) otherwise make one title line wider than the figure
+    note = "\n" + textwrap.fill(f"not logged by {', '.join(missing)}", int(10 * fig.get_figwidth())) if missing else ""
     return save(fig, title + note, path, bottom=legend_below(fig, handles, names))
 
 

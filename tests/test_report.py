@@ -282,6 +282,26 @@ def test_curves_of_13_variants_each_keep_one_distinct_colour_and_marker_in_every
     assert len({next(iter(look))[0] for look in looks.values()}) == 13  # not even by colour alone
 
 
+def test_a_curve_figure_names_every_run_without_its_curves_in_lines_as_wide_as_the_figure(tmp_path, monkeypatch):
+    """A 4-seed study: the MLM baseline's and the controls' runs log no Fig. 8 curve; the title names each of
+    them, wrapped so that no line is wider than the figure (one line of 8 runs ran off both edges)."""
+    import analysis.report as report
+
+    logged = {f"run-cocolm-{s}": f"cocolm s{s} (study-cpu)" for s in range(4)}
+    silent = {f"run-{v}-{s}": f"{v} s{s} (study-cpu)" for v in ("roberta_mlm", "random_init") for s in range(4)}
+    keys = [k for panel in report.FIG8 for k in panel[1:]]
+    hist = pd.DataFrame([{"run_id": r, "key": k, "step": s, "value": s / 100} for r in logged for k in keys
+                         for s in (0, 50, 100)])
+    drawn = {}
+    monkeypatch.setattr(report, "save", lambda fig, title, path, bottom=0.0: drawn.update(fig=fig, title=title))
+    report.curves_figure(hist, {**logged, **silent}, report.FIG8, "Fig. 8", tmp_path / "f.png", "accuracy")
+    title = drawn["title"]
+    assert all(label in title.replace("\n", " ") for label in silent.values())
+    assert not any(label in title for label in logged.values())
+    assert max(len(line) for line in title.splitlines()) <= 10 * drawn["fig"].get_figwidth()
+    assert len(title.splitlines()) >= 3  # the title and the note over at least two lines
+
+
 def test_the_gate_curves_show_every_run_of_a_variant_its_bounds_and_how_many_trained(tmp_path, monkeypatch):
     """gate_curves.png: a panel per variant (none for the control), a line per run and gated accuracy in its
     seed's colour, the bounds dotted, "k of n trained" in the title, from the same rules as the gate table."""
