@@ -20,8 +20,8 @@ import ray
 import torch
 
 from jobs.cli import UserError
-from jobs.data.config import DataConfig
 from jobs.data import corpus as corpus_module
+from jobs.data.config import DataConfig
 from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
 from jobs.data.stream import build_stream, corrupt, pack, pretraining_batches
 from jobs.data.tokenizer import resolve_tokenizer

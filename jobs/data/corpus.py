@@ -350,6 +350,10 @@ def read_documents(
     if not readable:
         raise UserError(f"corpus is empty: no readable file in {list(paths)}\n{skip_summary(counter).format()}")
 
+    # One file at a time, not a `take(1)` over the corpus: that would start a read per file and cancel
+    # the rest once it has its row. Ray cancels with SIGINT, which a background job's workers inherit
+    # ignored, and Ray 2.60 then logs each cancelled read as `_clean_file ... TypeError: 'Handlers'
+    # object is not callable`, like a file that failed (docs/design.md section 5.2).
     def has_a_document(path: str) -> bool:
         return bool(_documents([path], counter, max_record_chars, num_cpus).take(1))
 
@@ -361,15 +365,7 @@ def read_documents(
 def _documents(
     paths: list[str], counter: ray.actor.ActorHandle, max_record_chars: int, num_cpus: float
 ) -> ray.data.Dataset:
-    """The cleaned documents of `paths`, one file per task.
-
-    `read_documents` looks for a first document one file at a time, not with a `take(1)` over the
-    whole corpus: that one would start a task per file and cancel those still running once it has its
-    row. Ray cancels a task by sending SIGINT to its worker, and a worker of a job started in the
-    background by a script inherits SIGINT ignored; Ray 2.60 then calls the ignored disposition and
-    logs `Unhandled error ... _clean_file ... TypeError: 'Handlers' object is not callable` for each
-    cancelled file, which reads like a file that failed (and the cancelled reads were work wasted).
-    """
+    """The cleaned documents of `paths`, one file per task."""
     return ray.data.read_datasource(
         _RawBytes(paths, include_paths=True),
         num_cpus=num_cpus,
