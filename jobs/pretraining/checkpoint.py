@@ -7,6 +7,7 @@
     rng.json        python's RNG state of rank 0 (a version, 625 ints, the gauss cache)
     state.json      step, data position (epoch, batches consumed in it, their block length), tokens seen, hours spent
     config.yaml     the resolved run config       tokenizer/   the tokenizer files
+    manifest.json   written last: every other file's size and sha256 (`why_torn`)
 
 Nothing in a checkpoint is unpickled: every .pt file is read with torch's weights_only loader, which
 builds tensors and plain containers and refuses anything else before it runs (a checkpoint is data
@@ -15,6 +16,8 @@ that may come from a shared bucket, and a full pickle runs whatever code it name
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import pickle
 import random
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import pyarrow.fs
 import torch
+
+from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
 from model import PretrainingObjective, build_pretraining_model
 
@@ -59,19 +64,28 @@ class TrainState:
 def owners(storage: str, run_name: str) -> dict[str, str]:
     """Checkpoint directory -> the MLflow run id it records ("" for checkpoints older than that field),
     for every checkpoint Ray Train keeps under `storage/run_name` (a local path or a pyarrow URI)."""
-    if "://" in storage and not storage.startswith("file://"):
-        fs, root = pyarrow.fs.FileSystem.from_uri(storage)
-    else:
-        fs, root = pyarrow.fs.LocalFileSystem(), str(Path(storage.removeprefix("file://")).expanduser().resolve())
+    fs, root = filesystem(storage)
     found = {}
-    for info in fs.get_file_info(pyarrow.fs.FileSelector(f"{root}/{run_name}", allow_not_found=True)):
-        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_"):
-            try:
-                with fs.open_input_stream(f"{info.path}/state.json") as f:
-                    found[info.path] = json.loads(f.read()).get("mlflow_run_id", "")
-            except (OSError, ValueError):
-                continue  # a checkpoint Ray never finished writing: Ray Train ignores it too
+    for path in checkpoint_dirs(fs, f"{root}/{run_name}"):
+        try:
+            with fs.open_input_stream(f"{path}/state.json") as f:
+                found[path] = json.loads(f.read()).get("mlflow_run_id", "")
+        except (OSError, ValueError):
+            continue  # a checkpoint Ray never finished writing: Ray Train ignores it too
     return found
+
+
+def filesystem(storage: str) -> tuple[pyarrow.fs.FileSystem, str]:
+    """The pyarrow file system of a storage (a local path or a URI) and its root path in it."""
+    if "://" in storage and not storage.startswith("file://"):
+        return pyarrow.fs.FileSystem.from_uri(storage)
+    return pyarrow.fs.LocalFileSystem(), str(Path(storage.removeprefix("file://")).expanduser().resolve())
+
+
+def checkpoint_dirs(fs: pyarrow.fs.FileSystem, run_dir: str) -> list[str]:
+    """The checkpoint folders of a run, oldest first (their names hold the step, zero-padded)."""
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(run_dir, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_"))
 
 
 def check_owner(found: dict[str, str], run_id: str | None, storage: str, run_name: str, tracking_uri: str) -> None:
@@ -88,6 +102,112 @@ def check_owner(found: dict[str, str], run_id: str | None, storage: str, run_nam
         + (f"has run {run_id} under this name instead" if run_id else "has no run of this name")
         + ": resume with the tracking store that holds that run (--tracking-uri), or start fresh with "
           "another --name or --storage (or delete that folder)")
+
+
+MANIFEST = "manifest.json"
+TORN_PREFIX = "torn_"  # a torn checkpoint's folder is renamed with it: no longer `checkpoint_*`, so nothing resumes from it
+
+
+def write_manifest(directory: Path) -> None:
+    """The checkpoint's last file: the size and sha256 of every other file. Ray uploads a checkpoint's files
+    in parallel, so the manifest's presence in storage proves nothing alone; a resume checks every file
+    against it (`why_torn`)."""
+    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p.open("rb"))[1]}
+             for p in sorted(directory.rglob("*")) if p.is_file() and p != directory / MANIFEST}
+    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def _sha256(stream) -> tuple[int, str]:
+    """(bytes, sha256 hex) of a binary stream read in 1 MiB pieces, then closed: a checkpoint's files may be GBs."""
+    digest, size = hashlib.sha256(), 0
+    with stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def why_torn(fs: pyarrow.fs.FileSystem, path: str, legacy: bool = False) -> str | None:
+    """Why the checkpoint folder `path` cannot be resumed from (None: intact). A file that differs from the
+    manifest, or a missing manifest, is what a process killed while writing or uploading leaves. A
+    `legacy` checkpoint, from a run whose checkpoints all predate manifests, is judged by loading it."""
+    if fs.get_file_info(f"{path}/{MANIFEST}").type == pyarrow.fs.FileType.NotFound:
+        return _why_unloadable(fs, path) if legacy else f"it has no {MANIFEST} (its writing was cut short)"
+    try:
+        with fs.open_input_stream(f"{path}/{MANIFEST}") as f:
+            files = json.loads(f.read())["files"]
+        expected = {name: (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"its {MANIFEST} is unreadable ({type(error).__name__})"
+    for name, (size, sha) in expected.items():
+        if fs.get_file_info(f"{path}/{name}").type == pyarrow.fs.FileType.NotFound:
+            return f"{name} is missing"
+        found_size, found_sha = _sha256(fs.open_input_stream(f"{path}/{name}"))
+        if (found_size, found_sha) != (size, sha):
+            return f"{name} is not the file written ({found_size} bytes, sha256 {found_sha[:12]}; written: {size} bytes, {sha[:12]})"
+    return None
+
+
+def _why_unloadable(fs: pyarrow.fs.FileSystem, path: str) -> str | None:
+    """A checkpoint without a manifest: its state.json must parse and every .pt file must load."""
+    for name in ("state.json", "model.pt", "optimizer.pt", "scheduler.pt", "rng.pt"):
+        try:
+            with fs.open_input_stream(f"{path}/{name}") as f:
+                data = f.read()
+            if name.endswith(".json"):
+                json.loads(data)
+            else:
+                torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 - whatever a torn file raises, the checkpoint cannot be used
+            return f"{name} does not load ({type(error).__name__}: {str(error)[:120]})".replace("\n", " ")
+    return None
+
+
+def newest_intact(storage: str, run_name: str) -> str | None:
+    """The newest checkpoint of the run that `why_torn` passes (None: none), after setting aside every
+    newer one, with one line each: a torn newest checkpoint otherwise stops every resume for good, Ray
+    Train resuming from the newest one it recorded. Each is first dropped from Ray's record of the run's
+    checkpoints (`forget`), then renamed `torn_checkpoint_...` for inspection; a later checkpoint of the
+    same step is then written to a clean folder, which Ray would otherwise delete with the torn entry."""
+    fs, root = filesystem(storage)
+    run_dir = f"{root}/{run_name}"
+    found = checkpoint_dirs(fs, run_dir)
+    legacy = not any(fs.get_file_info(f"{p}/{MANIFEST}").type != pyarrow.fs.FileType.NotFound for p in found)
+    for path in reversed(found):
+        reason = why_torn(fs, path, legacy)
+        if reason is None:
+            return path
+        forget(fs, run_dir, path.rsplit("/", 1)[-1])
+        aside = f"{run_dir}/{TORN_PREFIX}{path.rsplit('/', 1)[-1]}"
+        fs.delete_dir_contents(aside, missing_dir_ok=True)
+        fs.move(path, aside)
+        print(f"skipping checkpoint {path}: {reason}; set aside as {aside}", flush=True)
+    return None
+
+
+def forget(fs: pyarrow.fs.FileSystem, run_dir: str, name: str) -> None:
+    """Drop the checkpoint folder `name` from Ray Train's snapshot of the run's checkpoints (Ray 2.60's
+    CheckpointManager state), so Ray resumes from the newest one left. Replaced through a temporary
+    file: a crash here leaves the old snapshot, never half a new one."""
+    path = f"{run_dir}/{CHECKPOINT_MANAGER_SNAPSHOT_FILENAME}"
+    if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return
+    with fs.open_input_stream(path) as f:
+        snap = json.loads(f.read())
+    kept = [(r, i) for r, i in zip(snap["checkpoint_results"], snap["checkpoint_report_indices"])
+            if r["checkpoint_dir_name"] != name]
+    snap["checkpoint_results"], snap["checkpoint_report_indices"] = [r for r, _ in kept], [i for _, i in kept]
+    if (snap.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name") == name:
+        snap["latest_checkpoint_result"] = max(kept, key=lambda ri: ri[1])[0] if kept else None
+    pending = [(r, v) for r, v in zip(snap["pending_training_results"], snap["pending_validation_specs"])
+               if r["checkpoint_dir_name"] != name]
+    snap["pending_training_results"], snap["pending_validation_specs"] = [r for r, _ in pending], [v for _, v in pending]
+    for key in ("validated_checkpoint_dir_names", "timed_out_validation_checkpoint_dir_names",
+                "failed_validation_checkpoint_dir_names"):
+        snap[key] = [n for n in snap.get(key, []) if n != name]
+    with fs.open_output_stream(path + ".tmp") as f:
+        f.write(json.dumps(snap).encode())
+    fs.move(path + ".tmp", path)
 
 
 def save(
@@ -110,6 +230,7 @@ def save(
     (directory / "config.yaml").write_text(config_yaml)
     if tokenizer_dir:
         shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
+    write_manifest(directory)
     return directory
 
 

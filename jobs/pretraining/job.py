@@ -82,6 +82,7 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
             done = existing.data.tags.get(CHECKPOINT_TAG, "")
             print(f"run {run_name} already finished (MLflow run {existing.info.run_id}); checkpoint: {done}")
             return PretrainResult(existing.info.run_id, run_name, done, tracking_uri, "ALREADY_FINISHED")
+        checkpoint.newest_intact(storage, run_name)  # torn ones set aside: Ray resumes from the newest intact one
         return _train(cfg, client, experiment_id, experiment, run_name, tracking_uri, storage)
 
 
