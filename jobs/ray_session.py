@@ -16,6 +16,7 @@ import ray
 import ray.data
 from ray.data._internal.issue_detection.detectors import HangingExecutionIssueDetector
 
+from jobs.cli import UserError
 from jobs.env import set_hermetic_env
 
 
@@ -67,11 +68,11 @@ def start_own_ray(num_cpus: float | None, dashboard: bool) -> None:
         logging.getLogger("ray._private.worker").addFilter(no_ansi)
     # Ray's sessions, sockets and logs: mkdtemp's folder is 0700, with a name no other user can take first,
     # in $RAY_TMPDIR (else $TMPDIR, /tmp) like Ray's own /tmp/ray; it stays after the job, for its logs.
-    temp_root = tempfile.mkdtemp(prefix="cocolm-ray-", dir=os.environ.get("RAY_TMPDIR"))
+    temp_root = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=temp_parent())
     try:
         own_token_file()
         started = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                           _temp_dir=os.path.join(temp_root, "ray"),
+                           _temp_dir=temp_root,
                            runtime_env={"worker_process_setup_hook": worker_setup_hook()})
     finally:
         private_token_file()  # also when the start fails
@@ -79,6 +80,38 @@ def start_own_ray(num_cpus: float | None, dashboard: bool) -> None:
         OWN_DASHBOARD["url"] = os.environ["RAY_API_SERVER_ADDRESS"] = f"http://{started.dashboard_url}"
     else:
         no_hang_detector()
+
+
+# Every byte of the folder Ray keeps its sessions in is repeated in every socket path Ray makes, and
+# Linux's AF_UNIX path is 107 bytes at most: the platform's own folder is as short as mkdtemp allows.
+TEMP_PREFIX = "cr"  # + mkdtemp's 8 random characters
+# Ray 2.60's longest socket path under that folder (ray/_private/node.py, ray/dashboard/subprocesses/utils.py):
+# session_<%Y-%m-%d_%H-%M-%S_%f>_<pid>/sockets/dash_<dashboard module>; a pid has up to 7 digits
+# (pid_max 4194304), TaskEventsHead is the longest module name (plasma_store and raylet are shorter).
+LONGEST_SOCKET = os.path.join("session_2026-01-01_00-00-00_000000_1234567", "sockets", "dash_TaskEventsHead")
+SOCKET_PATH_MAX = (104 if sys.platform == "darwin" else 108) - 1  # Ray's own limit (validate_socket_filepath)
+
+
+def temp_parent() -> str | None:
+    """$RAY_TMPDIR, made owner-only when missing (Ray makes its own folder too), once it is known that
+    Ray's socket paths under it fit; None when it is unset (mkdtemp's default, $TMPDIR or /tmp)."""
+    parent = os.environ.get("RAY_TMPDIR")
+    check_socket_room(os.path.abspath(parent or tempfile.gettempdir()), "RAY_TMPDIR" if parent else "TMPDIR")
+    if parent:
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"RAY_TMPDIR={parent} cannot be made: {error.strerror}") from None
+    return parent
+
+
+def check_socket_room(parent: str, name: str = "RAY_TMPDIR") -> None:
+    """UserError before Ray starts when the socket paths Ray would make under `parent` pass the limit: Ray's
+    dashboard would die on it with a traceback ("AF_UNIX path length cannot exceed 107 bytes")."""
+    longest = len(os.path.join(parent, TEMP_PREFIX + "x" * 8, LONGEST_SOCKET).encode())
+    if longest > SOCKET_PATH_MAX:
+        raise UserError(f"{name}={parent} makes Ray's socket paths {longest} bytes long, over the {SOCKET_PATH_MAX} "
+                        f"allowed; use a shorter folder such as /tmp/r")
 
 
 def no_hang_detector() -> None:

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -21,7 +22,8 @@ import ray.data
 
 from helpers import stop_processes_under
 from jobs.env import HERMETIC_ENV, set_hermetic_env
-from jobs.ray_session import own_token_file, private_token_file, quiet_ray_data
+from jobs.cli import UserError
+from jobs.ray_session import LONGEST_SOCKET, check_socket_room, own_token_file, private_token_file, quiet_ray_data, temp_parent
 
 
 def test_ray_data_shows_progress_bars_on_a_terminal_only():
@@ -198,9 +200,11 @@ def test_the_token_is_made_owner_only_even_when_rays_start_fails(tmp_path):
     token.chmod(0o644)
     code = ("import ray\nfrom jobs.ray_session import start_own_ray\n"
             "try:\n    start_own_ray(num_cpus=-1, dashboard=False)\nexcept Exception as e:\n    print('failed:', e)\n")
-    env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_AUTH_TOKEN_PATH": str(token)}
+    folder = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short enough for Ray's socket paths: Ray's own start fails
+    env = {**os.environ, "RAY_TMPDIR": folder, "RAY_AUTH_TOKEN_PATH": str(token)}
     env.pop("RAY_AUTH_TOKEN", None)
     out, _ = _own_process(code, env).communicate(timeout=120)
+    shutil.rmtree(folder, ignore_errors=True)
     assert "failed:" in out, out[-2000:]
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
 
@@ -293,3 +297,44 @@ def test_two_jobs_started_at_once_each_keep_to_their_own_ray(tmp_path):
     for log in logs:
         assert "worker ALIVE driver ALIVE" in log, log[-3000:]
         assert "Found multiple active Ray instances" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_a_missing_ray_tmpdir_is_made_owner_only(monkeypatch):
+    folder = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    try:
+        monkeypatch.setenv("RAY_TMPDIR", f"{folder}/new")
+        assert temp_parent() == f"{folder}/new" and stat.S_IMODE(os.stat(f"{folder}/new").st_mode) == 0o700
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_ray_tmpdir_too_long_for_rays_socket_paths_is_one_line_before_ray_starts(monkeypatch):
+    """Ray's longest socket path is RAY_TMPDIR + 82 bytes: the platform's folder (/cr + 8 characters),
+    /session_<26-character date>_<pid of up to 7 digits>, /sockets/dash_TaskEventsHead. Linux allows 107."""
+    check_socket_room("/scratch/alice/ray")  # 18 bytes: a shared cluster's folder fits
+    absent = f"/tmp/{secrets.token_hex(4)}"
+    fits = f"{absent}/" + "x" * 11  # 25 bytes: 107 exactly
+    check_socket_room(fits)
+    monkeypatch.setenv("RAY_TMPDIR", fits + "y")
+    try:
+        with pytest.raises(UserError) as refused:
+            temp_parent()
+        assert str(refused.value) == (f"RAY_TMPDIR={fits}y makes Ray's socket paths 108 bytes long, over the 107 "
+                                      f"allowed; use a shorter folder such as /tmp/r")
+        assert not os.path.exists(absent)  # refused before anything is made
+    finally:
+        shutil.rmtree(absent, ignore_errors=True)
+
+
+def test_the_longest_socket_path_follows_rays_own_code():
+    """LONGEST_SOCKET names the session folder and the dashboard module socket of the installed Ray: a Ray
+    with a longer module name or another session name would pass the check and still die on the limit."""
+    root = Path(ray.__file__).parent
+    node = (root / "_private" / "node.py").read_text()
+    assert 'f"session_{date_str}_{os.getpid()}"' in node and '"%Y-%m-%d_%H-%M-%S_%f"' in node
+    assert 'os.path.join(socket_dir, "dash_" + module_name)' in (root / "dashboard/subprocesses/utils.py").read_text()
+    modules = {name for f in (root / "dashboard").rglob("*.py")
+               for name in re.findall(r"^class (\w+)\([^)]*SubprocessModule", f.read_text(), re.M)}
+    assert "MetricsHead" in modules and max(map(len, modules)) <= len(Path(LONGEST_SOCKET).name.removeprefix("dash_"))
+    session, sockets, _ = Path(LONGEST_SOCKET).parts
+    assert sockets == "sockets" and len(session) == len("session_") + 26 + 1 + len(str(4194304))
