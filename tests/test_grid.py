@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.cli import UserError
 from jobs.finetuning.grid import load_grid
 from jobs.finetuning.sweep import parse_seeds
 
@@ -45,3 +46,37 @@ def test_learning_rate_list_follows_the_pretraining_preset():
     assert grid.lr_set("base", "large++") == "base"
     with pytest.raises(ValueError, match="--lr-set 'huge'"):
         grid.lr_set("huge", "")
+
+
+@pytest.mark.parametrize("space, message", [
+    ("lr: [1e-4, -0.0005]", "spaces.s.lr=-0.0005 is out of range: it must be 0 < spaces.s.lr"),
+    ("lr: [.nan]", "spaces.s.lr=nan is not a finite number"),
+    ("batch_size: [0]", "spaces.s.batch_size=0 is out of range: it must be 1 <= spaces.s.batch_size"),
+    ("epochs: [2.5]", "spaces.s.epochs=2.5 is not a whole number"),
+    ("epochs: []", "spaces.s.epochs must be a list of one or more values, not []"),
+    ("warmup: [1.0]", "spaces.s.warmup=1.0 is out of range: it must be 0 <= spaces.s.warmup < 1"),
+    ("warmup: [-0.1]", "spaces.s.warmup=-0.1 is out of range"),
+    ("lr_by_preset: {large++: [0]}", "spaces.s.lr_by_preset.large++=0.0 is out of range"),
+    ("max_length: 4", "spaces.s.max_length=4 is out of range: it must be 8 <= spaces.s.max_length"),
+    ("doc_stride: 0", "spaces.s.doc_stride=0 is out of range"),
+])
+def test_every_grid_value_out_of_its_range_is_one_line_naming_file_key_and_value(tmp_path, space, message):
+    values = {"epochs": "[1]", "lr": "[1e-3]", "batch_size": "[8]", "warmup": "[0.1]"}
+    key = space.split(":")[0]
+    values[key] = space.split(": ", 1)[1]
+    path = tmp_path / "g.yaml"
+    path.write_text("spaces: {s: {" + ", ".join(f"{k}: {v}" for k, v in values.items()) + "}}\ntasks: {default: s}\n")
+    with pytest.raises(UserError) as refused:
+        load_grid(str(path))
+    assert str(refused.value).startswith(f"{path}: {message}")
+
+
+@pytest.mark.parametrize("top, message", [("max_length: 2", "max_length=2 is out of range"),
+                                          ("max_train: -1", "max_train=-1 is out of range")])
+def test_a_grid_wide_value_out_of_range_is_named(tmp_path, top, message):
+    path = tmp_path / "g.yaml"
+    path.write_text(f"{top}\nspaces: {{s: {{epochs: [1], lr: [1e-3], batch_size: [8], warmup: [0]}}}}\n"
+                    "tasks: {default: s}\n")
+    with pytest.raises(UserError) as refused:
+        load_grid(str(path))
+    assert str(refused.value).startswith(f"{path}: {message}")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 
-from jobs.cli import UserError, read_yaml, short_repr
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, UserError, read_yaml, short_repr
 from jobs.names import fraction_target
 
 GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
@@ -83,18 +84,51 @@ def load_grid(name_or_path: str) -> Grid:
         missing = [k for k in ("epochs", "lr", "batch_size", "warmup") if k not in values]
         if missing:
             raise UserError(f"{path}: spaces.{name} lacks {missing}")
-        spaces[name] = Space(
-            epochs=tuple(int(v) for v in values["epochs"]), lr=tuple(float(v) for v in values["lr"]),
-            batch_size=tuple(int(v) for v in values["batch_size"]), warmup=tuple(float(v) for v in values["warmup"]),
-            lr_by_preset={k: tuple(float(v) for v in lrs) for k, lrs in (values.get("lr_by_preset") or {}).items()},
-            **{k: int(values[k]) for k in ("max_length", "doc_stride", "max_question_length") if k in values},
-        )
+        lists = {k: _numbers(path, f"spaces.{name}.{k}", values[k], *rule) for k, rule in SPACE_LISTS.items()}
+        by_preset = {k: _numbers(path, f"spaces.{name}.lr_by_preset.{k}", lrs, *SPACE_LISTS["lr"])
+                     for k, lrs in (values.get("lr_by_preset") or {}).items()}
+        scalars = {k: _number(path, f"spaces.{name}.{k}", values[k], int, SCALARS[k]) for k in SCALARS if k in values}
+        spaces[name] = Space(**lists, lr_by_preset=by_preset, **scalars)
     tasks = {str(k).lower(): str(v) for k, v in (raw.get("tasks") or {}).items()}
     unknown = sorted(set(tasks.values()) - set(spaces))
     if not spaces or unknown:
         raise UserError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
-    return Grid(path.stem, spaces, tasks, int(raw.get("max_length", 512)), int(raw.get("max_train", 0)),
-                int(raw.get("max_dev", 0)))
+    top = {k: _number(path, k, raw[k], int, SCALARS[k]) for k in ("max_length", "max_train", "max_dev") if k in raw}
+    return Grid(path.stem, spaces, tasks, **top)
+
+
+# Every number a grid gives, checked when the grid is read (before Ray starts) by the range rules of the
+# presets and options (jobs.cli): (type, range) per list of a space; the range of each single number.
+SPACE_LISTS = {"epochs": (int, AT_LEAST_ONE), "lr": (float, POSITIVE), "batch_size": (int, AT_LEAST_ONE),
+               "warmup": (float, PROBABILITY)}  # warm-up: a fraction of the steps, 1 would leave none to train
+MAX_LENGTH = Range(8)  # tokens per example: room for the special tokens and some text (--max-length too)
+SCALARS = {"max_length": MAX_LENGTH, "doc_stride": AT_LEAST_ONE, "max_question_length": AT_LEAST_ONE,
+           "max_train": NON_NEGATIVE, "max_dev": NON_NEGATIVE}
+
+
+def _numbers(path: Path, key: str, values: Any, kind: type, bounds: Range) -> tuple:
+    """A grid's list of values at `key`, each of `kind` and in `bounds`; else one line naming file, key and value."""
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{path}: {key} must be a list of one or more values, not {short_repr(values)}")
+    return tuple(_number(path, key, value, kind, bounds) for value in values)
+
+
+def _number(path: Path, key: str, value: Any, kind: type, bounds: Range) -> int | float:
+    """One value of a grid as `kind` (YAML reads 1e-3 as a string, so strings are converted), finite and in
+    `bounds`; 2.5 epochs is not an int, not 2."""
+    try:
+        number = None if isinstance(value, bool) else kind(float(value) if kind is int else value)
+        if number is not None and (not math.isfinite(number) or kind is int and number != float(value)):
+            number = None
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None:
+        raise UserError(f"{path}: {key}={short_repr(value)} is not {'a whole' if kind is int else 'a finite'} number")
+    try:
+        bounds.check(key, number)
+    except UserError as error:
+        raise UserError(f"{path}: {error}") from None
+    return number
 
 
 def _check_keys(values: dict, known: set[str], where: str) -> None:

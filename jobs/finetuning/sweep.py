@@ -46,11 +46,11 @@ from ray import tune
 from ray.tune import Result
 
 from jobs import tracking
-from jobs.cli import NON_NEGATIVE, Range, UserError, option, parse_options
+from jobs.cli import NON_NEGATIVE, UserError, option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoders import PretrainedEncoder, resolve_encoder
 from jobs.finetuning.encoding import EncodedTask, encode_task
-from jobs.finetuning.grid import Grid, available_grids, data_key, load_grid, trial_name
+from jobs.finetuning.grid import MAX_LENGTH, Grid, available_grids, data_key, load_grid, trial_name
 from jobs.finetuning.tables import SweepTables, log_tables, tabulate
 from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.tasks.subsets import label_subset, subsample
@@ -113,7 +113,7 @@ class SweepOptions:
     max_train: int | None = field(default=None, metadata=option(
         "train examples per task, fixed-seed subset (0 = all; default: the grid's)", bounds=NON_NEGATIVE))
     max_dev: int | None = field(default=None, metadata=option("dev examples per dev set (0 = all; default: the grid's)", bounds=NON_NEGATIVE))
-    max_length: int | None = field(default=None, metadata=option("tokens per example (default: the grid's)", bounds=Range(8)))
+    max_length: int | None = field(default=None, metadata=option("tokens per example (default: the grid's)", bounds=MAX_LENGTH))
     label_fractions: tuple[float, ...] = field(default=(1.0,), metadata=option(
         "train on these fractions of the training labels, each a seeded class-balanced nested subset, every "
         "fraction its own target (SNLI:0.1) with its own best grid point (paper Fig. 7c/d), e.g. 0.01,0.1,0.2,1.0",
