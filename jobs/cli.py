@@ -159,8 +159,8 @@ def option(help: str, flag: str | None = None, parse: Callable[[str], Any] | Non
            metavar: str | None = None, bounds: Range | None = None) -> dict[str, Any]:
     """Field metadata for `add_options`: the flag's help, its name when not `--<field-name>`, the argparse
     type when the field's own type cannot parse a string, its choices, whether the flag repeats
-    (`--set A --set B`) and whether it takes several values (`--corpus A B`). A bool field becomes
-    `--name` / `--no-name`. A number's `bounds` are checked when the options are parsed, before any work:
+    (`--set A --set B`) and whether it takes several values (`--corpus A B`; `--corpus A --corpus B` adds to
+    the list). A bool field becomes `--name` / `--no-name`. A number's `bounds` are checked when the options are parsed, before any work:
     every int and float option has them (tests/test_cli.py checks)."""
     return {"help": help, "flag": flag, "parse": parse, "choices": choices, "repeat": repeat, "many": many,
             "metavar": metavar, "bounds": bounds}
@@ -182,7 +182,11 @@ def add_options(parser: argparse.ArgumentParser, cls: type, only: Iterable[str] 
         elif hints[f.name] is bool:
             kwargs.update(action=argparse.BooleanOptionalAction, default=default)
         elif meta["many"]:
-            kwargs.update(nargs="+", default=default, type=meta["parse"] or str)
+            # extend: `--corpus a --corpus b c` is (a, b, c); argparse's default (store) kept the last
+            # flag's values alone, silently. An empty default, so the values given are all the values.
+            if default:
+                raise TypeError(f"{f.name}: an option with many values takes an empty default, not {default!r}")
+            kwargs.update(action="extend", nargs="+", default=None if default is None else [], type=meta["parse"] or str)
         else:
             kwargs.update(default=default, type=meta["parse"] or _scalar(hints[f.name]), choices=meta["choices"])
         parser.add_argument(meta["flag"] or "--" + f.name.replace("_", "-"), **kwargs)

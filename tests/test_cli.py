@@ -317,3 +317,28 @@ def test_a_run_another_command_holds_is_refused_with_who_holds_it(capsys, monkey
                             f"error: run mine is live: it is held by {getpass.getuser()}'s command, pid {os.getpid()} "
                             f"on {socket.gethostname()}, since ")
     assert finished_or_failed_runs(tmp_path) == 0
+
+
+def test_a_repeated_list_flag_adds_to_the_list_in_every_command():
+    """`--corpus a.jsonl --corpus b.txt` trained on b.txt alone (argparse kept the last flag's values)."""
+    import argparse
+    import dataclasses
+    import importlib
+
+    from jobs.cli import add_options, parse_options
+    from jobs.pretraining.job import PretrainOptions
+
+    lists = []
+    for module, name in OPTIONS.items():
+        cls = getattr(importlib.import_module(module), name)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("many"):
+                parser = argparse.ArgumentParser()
+                add_options(parser, cls, only=[f.name])
+                flag = "--" + f.name.replace("_", "-")
+                assert getattr(parser.parse_args([flag, "a", flag, "b", "c"]), f.name) == ["a", "b", "c"], flag
+                assert getattr(parser.parse_args([]), f.name) in (None, []), flag
+                lists.append(f"{module} {flag}")
+    assert "jobs.pretraining.job --corpus" in lists and len(lists) >= 5, lists
+    opts = parse_options("p", None, PretrainOptions, ["--corpus", "a.jsonl", "--corpus", "b.txt"])
+    assert opts.corpus == ("a.jsonl", "b.txt") and tuple(opts.config().data.paths) == ("a.jsonl", "b.txt")
