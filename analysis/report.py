@@ -519,6 +519,7 @@ def run(opts: ReportOptions) -> Report:
     set_hermetic_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_sqlite(tracking_uri)  # a store that only is read: never made here
     client = MlflowClient(tracking_uri)
     out = Path(opts.out)
     report = build(client, opts.experiment, out)

@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -107,6 +108,24 @@ def check_tracking(uri: str, timeout: float = 5.0) -> None:
             os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         if database.parent == home() and database.stat().st_uid == os.getuid():
             database.chmod(0o600)  # one made world-readable before this rule
+        check_sqlite(uri)
+
+
+def check_sqlite(uri: str) -> None:
+    """An existing sqlite store that is not a readable database (overwritten, truncated, another file) is
+    one line naming it, before any work: MLflow would raise SQLAlchemy's DatabaseError with its traceback.
+    Opened read-only, so a command that only reads the store never makes one."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    if not database.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(database))}?mode=ro", uri=True)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads the header and the schema
+    except sqlite3.Error as error:
+        raise UserError(f"the tracking store {uri} cannot be read: {database} is not a usable SQLite database "
+                        f"({error}); point --tracking-uri at another store, or restore this file from a copy") from None
 
 
 def check_credentials(uri: str, timeout: float = 5.0) -> None:

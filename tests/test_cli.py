@@ -342,3 +342,27 @@ def test_a_repeated_list_flag_adds_to_the_list_in_every_command():
     assert "jobs.pretraining.job --corpus" in lists and len(lists) >= 5, lists
     opts = parse_options("p", None, PretrainOptions, ["--corpus", "a.jsonl", "--corpus", "b.txt"])
     assert opts.corpus == ("a.jsonl", "b.txt") and tuple(opts.config().data.paths) == ("a.jsonl", "b.txt")
+
+
+def test_a_tracking_store_that_is_not_a_database_is_one_line_before_any_work(capsys, monkeypatch, tmp_path):
+    """An mlflow.db whose first 8 KB were overwritten: SQLAlchemy's DatabaseError with its traceback before."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.finetuning.sweep import main as sweep
+    from jobs.studies.probe import main as probe
+    from jobs.tracking import check_sqlite
+
+    store = tmp_path / "mlflow.db"
+    MlflowClient(f"sqlite:///{store}").search_experiments()  # a real store first: its tables made
+    check_sqlite(f"sqlite:///{store}")
+    capsys.readouterr()  # MLflow's lines about making the tables
+    with store.open("r+b") as f:
+        f.write(os.urandom(8192))
+    uri = f"sqlite:///{store}"
+    expected = f"error: the tracking store {uri} cannot be read: {store} is not a usable SQLite database"
+    one_line_in_process(capsys, monkeypatch, tmp_path, sweep,
+                        ["--from", "last", "--tasks", "snli", "--grid", "quick", "--tracking-uri", uri], expected)
+    one_line_in_process(capsys, monkeypatch, tmp_path, probe, ["--from-experiment", "pretraining", "--tracking-uri", uri],
+                        expected)
+    check_sqlite(f"sqlite:///{tmp_path}/absent.db")  # a store that is only read is not made
+    assert not (tmp_path / "absent.db").exists()

@@ -214,6 +214,7 @@ def run(opts: ProbeOptions) -> list[ProbeResult]:
     """Probe the given runs (or every finished pretraining run of the experiment)."""
     set_hermetic_env()
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_sqlite(tracking_uri)  # a store that only is read: never made here
     client = MlflowClient(tracking_uri)
     run_ids = list(opts.runs) or finished_run_ids(client, opts.experiment, tracking_uri, newest_per_seed=False)
     for run_id in run_ids:  # every id checked before any run is probed

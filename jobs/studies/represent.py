@@ -155,6 +155,7 @@ def run(opts: RepresentOptions) -> dict[str, pd.DataFrame]:
     """Analyse the given runs (or the newest run per variant of the experiment); returns label -> cosines."""
     set_hermetic_env()
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
+    tracking.check_sqlite(tracking_uri)  # a store that only is read: never made here
     client = MlflowClient(tracking_uri)
     run_ids = list(opts.runs) or finished_run_ids(client, opts.experiment, tracking_uri, newest_per_seed=True)
     chosen = draw_pairs(opts.pairs)
