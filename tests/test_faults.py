@@ -118,3 +118,67 @@ def test_checkpoints_from_before_manifests_are_judged_by_loading_them(tmp_path, 
     tear(run / checkpoint.directory_name(40) / "model.pt", "truncate")
     assert checkpoint.newest_intact(str(tmp_path), "run") == str(run / checkpoint.directory_name(20))
     assert "model.pt does not load" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- storage write errors
+
+@pytest.mark.parametrize("error, named", [
+    (OSError(28, "Error writing bytes to file. Detail: [errno 28] No space left on device"),  # pyarrow: no file
+     "/s/run/checkpoint_step_00000005: Error writing bytes to file. Detail: [errno 28] No space left on device"),
+    (PermissionError(13, "Permission denied", "/s/run/checkpoint_step_00000005/model.pt"),
+     "/s/run/checkpoint_step_00000005/model.pt: Permission denied"),
+])
+def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_storage_file_and_cause(monkeypatch, error, named):
+    """A full disk under --storage was a traceback ("[repeated 2x across cluster]") naming neither."""
+    import ray.train
+    from ray.train import WorkerGroupError
+
+    from jobs.pretraining import loop
+    from jobs.pretraining.config import to_yaml, with_vocab_size
+
+    cfg = with_vocab_size(resolve("tiny", "cocolm", ["model.hidden_size=32", "model.ffn_size=64",
+                                                     "model.num_layers=1"]), 300)
+    model, optimizer, scheduler = loop.build_training(cfg)
+
+    def report(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ray.train, "report", report)
+    ctx = loop.LoopContext("run-a", "sqlite:///unused.db", "", storage="/s/run")
+    with pytest.raises(RuntimeError) as failed:
+        loop.save_and_report(model, optimizer, scheduler, checkpoint.TrainState(step=5), cfg, ctx, rank=0)
+    line = f"the checkpoint could not be written to storage /s/run: {named}"
+    assert str(failed.value) == line
+    # What the driver gets from Ray Train: each worker's traceback quoted, Ray's colour codes after the line.
+    quoted = WorkerGroupError(f"Training failed:\n[Rank 0]:\nTraceback ...\nRuntimeError: {line}\x1b[32m [repeated "
+                              "2x across cluster]\x1b[0m\n", {0: failed.value})
+    assert loop.storage_failure_in(quoted) == line and loop.storage_failure_in(RuntimeError("other")) is None
+
+
+def test_the_driver_ends_a_run_whose_checkpoint_cannot_be_written_with_that_line_and_tag(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+    from ray.train import WorkerGroupError
+
+    from jobs.cli import UserError
+    from jobs.names import STOP_TAG
+    from jobs.pretraining import job
+
+    line = "the checkpoint could not be written to storage /s/run: /s/run/checkpoint_step_00000005: No space left"
+
+    class FailingTrainer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def fit(self):
+            raise WorkerGroupError(f"Training failed:\nRuntimeError: {line}\n", {})
+
+    monkeypatch.setattr(job, "TorchTrainer", FailingTrainer)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    stream = SimpleNamespace(blocks=None, long_blocks=None, tokenizer_dir="")
+    with pytest.raises(UserError, match=f"^{line}; free space or fix the storage"):
+        job._fit(resolve("tiny"), stream, run_id, "run", uri, str(tmp_path))
+    assert client.get_run(run_id).data.tags[STOP_TAG] == line

@@ -36,7 +36,8 @@ from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import PretrainConfig, available_presets, resolve, to_yaml, with_vocab_size
-from jobs.pretraining.loop import LONG_SHARD, LoopContext, check_step_options, train_loop_per_worker
+from jobs.pretraining.loop import (LONG_SHARD, LoopContext, check_step_options, storage_failure_in,
+                                  train_loop_per_worker)
 from jobs.ray_session import init_ray
 
 
@@ -159,7 +160,8 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
     resources = {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.gpus_per_worker else {})}
     fail_at_step = faults.planned().pretraining_step
     marker = str(Path(storage) / run_name / "injected_failure") if fail_at_step else ""
-    ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), fail_at_step, marker)
+    ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), fail_at_step, marker,
+                      f"{storage.rstrip('/')}/{run_name}")
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "ctx": ctx},
@@ -177,7 +179,14 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
         datasets={"train": stream.blocks, **({LONG_SHARD: stream.long_blocks} if stream.long_blocks is not None else {})},
         dataset_config=ingest_config(),  # the stream's order: the same seed reads the same batches
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as error:
+        failure = storage_failure_in(error)
+        if failure is None:
+            raise
+        MlflowClient(tracking_uri).set_tag(run_id, STOP_TAG, failure)  # the run ends FAILED, with the reason
+        raise UserError(failure + "; free space or fix the storage, then run the same command to resume") from None
 
     stopped = MlflowClient(tracking_uri).get_run(run_id).data.tags.get(STOP_TAG)
     if stopped:

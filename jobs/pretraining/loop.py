@@ -8,6 +8,7 @@ times). Rank 0 alone logs to MLflow and prints progress.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import time
@@ -48,6 +49,7 @@ class LoopContext:
     tokenizer_dir: str
     fail_at_step: int = 0  # fault injection (jobs.faults): rank 0 dies once at this step; 0 = never
     failure_marker: str = ""  # file whose existence means the injected failure already happened
+    storage: str = ""  # the run's folder in checkpoint storage, named when a checkpoint cannot be written
 
 
 def build_training(
@@ -177,14 +179,37 @@ def duration(seconds: float) -> str:
 
 def save_and_report(model, optimizer, scheduler, state: TrainState, cfg: PretrainConfig, ctx: LoopContext,
                     rank: int) -> None:
-    """Rank 0 writes the checkpoint; every rank reports (report is a barrier)."""
+    """Rank 0 writes the checkpoint; every rank reports (report is a barrier, and Ray uploads the checkpoint
+    in it). A write that fails (a full disk, no permission, a vanished mount) raises one line naming the
+    storage, the file and the cause, which the driver shows as the error (`storage_failure_in`)."""
     metrics = {"step": state.step, "tokens_seen": state.tokens_seen}
+    name = checkpoint.directory_name(state.step)
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = None
-        if rank == 0:
-            checkpoint.save(Path(tmp), model, optimizer, scheduler, state, to_yaml(cfg), ctx.tokenizer_dir)
-            ckpt = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=checkpoint.directory_name(state.step))
+        try:
+            ckpt = None
+            if rank == 0:
+                checkpoint.save(Path(tmp), model, optimizer, scheduler, state, to_yaml(cfg), ctx.tokenizer_dir)
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name)
+        except OSError as error:
+            raise RuntimeError(storage_failure(ctx.storage, name, error)) from error
+
+
+STORAGE_FAILURE = "the checkpoint could not be written"
+
+
+def storage_failure(storage: str, name: str, error: OSError) -> str:
+    """One line: the storage, the file (pyarrow's upload errors name none: then the checkpoint's folder),
+    the cause."""
+    cause = error.strerror or str(error)
+    where = error.filename or f"{storage}/{name}"
+    return f"{STORAGE_FAILURE} to storage {storage}: {where}: {cause}".replace("\n", " ")
+
+
+def storage_failure_in(error: BaseException) -> str | None:
+    """The `storage_failure` line inside a failed Ray Train run's error (Ray quotes each worker's traceback)."""
+    found = re.search(f"{STORAGE_FAILURE} [^\n\x1b]*", str(error))  # up to Ray's coloured "[repeated 2x ...]"
+    return found.group(0).strip() if found else None
 
 
 def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainState, rank: int) -> None:
