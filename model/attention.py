@@ -101,11 +101,14 @@ class RelativePositionBias(nn.Module):
         self.max_distance = cfg.rel_pos_max_distance
         self.table = nn.Embedding(cfg.rel_pos_buckets, cfg.num_heads)
         self.saturation = saturation_distance(cfg.rel_pos_buckets, cfg.rel_pos_max_distance, cfg.max_positions)
+        # subtracted from every id: 0, or the authors' shift (`bucket_offset`, cfg.rel_pos_shift_by_min)
+        self.offset = bucket_offset(cfg.rel_pos_buckets, cfg.rel_pos_max_distance,
+                                    cfg.max_positions) if cfg.rel_pos_shift_by_min else 0
 
     def forward(self, seq_len: int) -> torch.Tensor:
         positions = torch.arange(seq_len, device=self.table.weight.device)
         relative = positions[None, :] - positions[:, None]  # (T, T): key_pos - query_pos
-        buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
+        buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance) - self.offset
         # contiguous: a permuted view has last stride `heads`, which GPU SDPA kernels refuse
         return self.table(buckets).permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, heads, T, T)
 
@@ -116,7 +119,7 @@ class RelativePositionBias(nn.Module):
         Triton kernel reads; its gradient reaches the table through the ordinary embedding backward."""
         reach = min(self.saturation, seq_len - 1)
         relative = torch.arange(-reach, reach + 1, device=self.table.weight.device)
-        buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
+        buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance) - self.offset
         return self.table(buckets).t().contiguous()
 
 
@@ -130,6 +133,14 @@ def saturation_distance(num_buckets: int, max_distance: int, max_positions: int)
     buckets = relative_position_bucket(distances, num_buckets, max_distance)
     differs = (buckets != buckets[-1]).nonzero()
     return int(differs.max()) + 1 if len(differs) else 0
+
+
+def bucket_offset(num_buckets: int, max_distance: int, max_positions: int) -> int:
+    """How far the authors' ids sit below ours: they shift by minus the smallest id over the
+    max_positions x max_positions matrix (at distance -(max_positions - 1)), we by half - 1. 0 wherever
+    that distance reaches the farthest bucket (the paper's 512 positions); 1 at 64 positions, 32 buckets."""
+    farthest = torch.tensor([1 - max(max_positions, 1)])
+    return int(relative_position_bucket(farthest, num_buckets, max_distance)[0])
 
 
 # The memory-efficient SDPA kernel reads the mask with 16-element aligned rows; an unaligned mask is
@@ -424,6 +435,17 @@ class TritonBias:
     distance_bias: torch.Tensor | None  # (heads, 2S + 1) fp32, `RelativePositionBias.by_distance`; None without it
     key_mask: torch.Tensor | None  # (B, T) bool, True on real keys; None: no padding anywhere
     blocks: tuple[int, int] | None = None  # fixed tiles (`PROBE_BLOCKS`); None: each kernel's tuned tiles
+    every: torch.Tensor | None = None  # (heads, 2T - 1), the lookup the kernels read; None: built per call
+
+
+def triton_bias(distance_bias: torch.Tensor | None, key_mask: torch.Tensor | None,
+                blocks: tuple[int, int] | None, seq_len: int) -> TritonBias:
+    """The `TritonBias` of one encoder pass: the bias's lookup for every distance built here, once for
+    all the layers, rather than by each layer's call, forward and backward."""
+    every = None
+    if distance_bias is not None and _FUSED_KERNELS is not None:
+        every = _FUSED_KERNELS.every_distance(distance_bias, seq_len)
+    return TritonBias(distance_bias, key_mask, blocks, every)
 
 
 # The tiles the probe and every pass without gradients run at, fixed (no autotuning): 64 x 64, which the
@@ -439,7 +461,8 @@ def triton_relative_attention(
     """The fused Triton kernel (`model.kernels.attention`); (B, heads, T, d) in and out, the output laid
     out as (B, T, heads, d) in memory. Each call draws its dropout seed on the device from torch's
     generator. Without triton it raises, naming the cause."""
-    return fused_relative_attention(q, k, v, bias.distance_bias, bias.key_mask, dropout_p, blocks=bias.blocks)
+    return fused_relative_attention(q, k, v, bias.distance_bias, bias.key_mask, dropout_p, blocks=bias.blocks,
+                                    every=bias.every)
 
 
 def fused_relative_attention(*args, **kwargs) -> torch.Tensor:

@@ -15,7 +15,8 @@ from torch import nn
 from .attention import (
     PROBE_BLOCKS, FlexBias, RelativePositionBias, SelfAttention, TritonBias, TritonShape, attention_bias,
     check_attention_choice, compute_dtype, device_flex_options, fallback_attention, flex_bias, flex_failure,
-    flex_works, planned, probe_flex, probe_triton, resolve_attention, triton_failures, triton_probed, triton_works,
+    flex_works, planned, probe_flex, probe_triton, resolve_attention, triton_bias, triton_failures, triton_probed,
+    triton_works,
 )
 from .config import EncoderConfig
 
@@ -51,7 +52,7 @@ class Embeddings(nn.Module):
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.embedding_size)
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.embedding_size, padding_idx=cfg.token_padding_idx)
         self.positions = nn.Embedding(cfg.max_positions, cfg.embedding_size)
         self.norm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -156,7 +157,7 @@ class Encoder(nn.Module):
         if implementation == "triton":
             # the bias per distance, (h, 2S + 1): no (h, T, T) lookup at all
             distance_bias = self.relative_bias.by_distance(seq_len) if self.relative_bias is not None else None
-            bias = TritonBias(distance_bias, padding, None if torch.is_grad_enabled() else PROBE_BLOCKS)
+            bias = triton_bias(distance_bias, padding, None if torch.is_grad_enabled() else PROBE_BLOCKS, seq_len)
         else:
             position_bias = self.relative_bias(seq_len) if self.relative_bias is not None else None
             if implementation == "flex":

@@ -123,7 +123,7 @@ def kernel_calls(monkeypatch, fail_at: int | None = None, stage: str = "forward"
     they are tuned; `stage` raises at T = `fail_at`."""
     calls = []
     # q is _forward's first argument and _backward's second (after dout); the tiles follow dropout_p
-    for name, position, tiles in (("forward", 0, 7), ("backward", 1, 10)):
+    for name, position, tiles in (("forward", 0, 7), ("backward", 1, 11)):
         original = getattr(kernels, f"_{name}")
 
         def entry(*args, _original=original, _name=name, _position=position, _tiles=tiles, **kwargs):

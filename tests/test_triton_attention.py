@@ -358,12 +358,13 @@ def test_opcheck_passes_for_the_forward_and_the_backward_op():
     q, k, v, relative, mask = attention_problem(17, [17, 11], heads=1)
     bias = relative.by_distance(17).detach().requires_grad_()
     seed = torch.tensor(3, dtype=torch.int64, device=DEVICE)
-    torch.library.opcheck(kernels.relative_attention_op, (q, k, v, bias, mask, seed, 0.25, 16, 16))
-    out, lse = kernels.relative_attention_op(q, k, v, bias, mask, seed, 0.25, 16, 16)
+    every = kernels.every_distance(bias, 17)
+    torch.library.opcheck(kernels.relative_attention_op, (q, k, v, bias, every, mask, seed, 0.25, 16, 16))
+    out, lse = kernels.relative_attention_op(q, k, v, bias, every, mask, seed, 0.25, 16, 16)
     dout = torch.randn_like(out)
     torch.library.opcheck(kernels.relative_attention_backward_op,
-                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), bias.detach(), mask,
-                           seed, 0.25, 16, 16, "diagonal"))
+                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), bias.detach(),
+                           every, mask, seed, 0.25, 16, 16, "diagonal"))
 
 
 @kernel_test
@@ -621,3 +622,4 @@ def test_model_imports_without_triton_and_the_kernel_path_says_why_it_cannot_run
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+

@@ -17,7 +17,7 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
   graph draws a new mask on each replay and `torch.manual_seed` makes runs repeat.
 - **Forward.** Per (batch, head) and block of queries, a loop over key blocks with the online
   softmax (exp2, fp32 statistics); the bias is read per element from the bias looked up in torch for
-  every distance -(T - 1) .. T - 1, (heads, 2T - 1) (`_every_distance`: no clamp per element);
+  every distance -(T - 1) .. T - 1, (heads, 2T - 1) (`every_distance`, once per encoder pass: no clamp per element);
   padding keys get -inf. Dropout multiplies the probabilities after the softmax's normaliser is taken
   (the normaliser sums the undropped probabilities). The mask is Philox (`tl.randint4x`, 10 rounds)
   on the seed, one call per 8 consecutive keys, its counter the flat index of the group's first
@@ -26,9 +26,10 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
   scaled by the reciprocal of that, so the expectation is kept exactly (torch's 1 / (1 - p) at p's
   multiple of 2^-16). The mask depends only on (batch, head, query, key), never on the tiling, and
   the backward regenerates it. The logsumexp per row (log2 units) is kept for the backward.
-- **Backward.** delta = rowsum(dO * O) in torch (one (B, heads, T) tensor), then dK and dV in one loop
-  over key blocks (each program owns a key block and walks the query blocks), dQ in another (each
-  program owns a query block and walks the key blocks): no atomics for dQ. The dK/dV loop computes
+- **Backward.** dQ first, in one loop over query blocks (each program owns a query block and walks the
+  key blocks: no atomics for dQ), which also writes delta = rowsum(dO * O) of its rows, (B, heads, T)
+  fp32; then dK and dV in another (each program owns a key block and walks the query blocks), which
+  read delta. Two launches, nothing computed in torch between them. The dK/dV loop computes
   each tile transposed, (keys, queries), S^T = K Q^T, so that P^T and dS^T enter dV += P^T dO and
   dK += dS^T Q as they come out, with one dropout mask per tile. The bias gradient is reduced inside
   each of its tiles along the diagonals (each (i, j) adds to entry clamp(j - i, -S, S) + S): the tile
@@ -42,7 +43,8 @@ One flash-style kernel computes this without any (B, heads, T, T) tensor, forwar
 
 Wrapped as the custom op `cocolm::relative_attention` (with `register_fake` and `register_autograd`;
 its backward is the op `cocolm::relative_attention_backward`), so it works under
-`torch.compile(fullgraph=True)`. triton is an optional import: without it this module still imports
+`torch.compile(fullgraph=True)`; outside compilation the same bodies run through a plain autograd
+Function (`_EagerRelativeAttention`), whose dispatch costs the host less. triton is an optional import: without it this module still imports
 and the op raises, naming the cause. On CPU the kernels run under Triton's interpreter when
 TRITON_INTERPRET=1 was set before triton was first imported (the CPU tests do that in a child
 process); the interpreter is exact in fp32 and fp16, not in bf16 (triton-lang/triton#11584).
@@ -181,7 +183,7 @@ def _scores(a, b, BIAS_ROW, distance, ok, qk_scale, HAS_BIAS: tl.constexpr, PREC
     """Logits in log2 units, (q k^T / sqrt(d) + bias[j - i]) * log2(e), of a b^T: q k^T for a tile of
     (query, key) pairs, k q^T for its transpose; `distance` j - i and `ok` (the key is real and inside
     the sequence, else -inf) in the same orientation. BIAS_ROW points at distance 0 of the bias of every
-    distance (`_every_distance`): no clamp per element."""
+    distance (`every_distance`): no clamp per element."""
     s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * qk_scale
     if HAS_BIAS:
         s += tl.load(BIAS_ROW + distance) * 1.4426950408889634
@@ -336,14 +338,17 @@ def _backward_dkdv_kernel(
 
 @_jit
 def _backward_dq_kernel(
-    Q, K, V, BIAS, KEY_MASK, SEED, DO, LSE, DELTA, DQ,
+    Q, K, V, BIAS, KEY_MASK, SEED, DO, O, LSE, DELTA, DQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-    stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt, stride_bias_h, stride_mask_b,
+    stride_dob, stride_doh, stride_dot, stride_ob, stride_oh, stride_ot, stride_dqb, stride_dqh, stride_dqt,
+    stride_bias_h, stride_mask_b,
     H, T, sm_scale, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dQ of one query block, walking every key block (each program writes only its own rows)."""
+    """dQ of one query block, walking every key block (each program writes only its own rows). It runs
+    before the dK/dV kernel and computes delta = rowsum(dO * O) of its rows into DELTA for it: the rows
+    are its own, so no other program writes them, and the backward needs no launch of its own for delta."""
     pid_m = tl.program_id(0)
     bh, b, h = _batch_and_head(H)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -353,8 +358,10 @@ def _backward_dq_kernel(
     qd_mask = row_ok[:, None] & d_ok[None, :]
     q = tl.load(_rows(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, offs_d), mask=qd_mask, other=0.0)
     do = tl.load(_rows(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d), mask=qd_mask, other=0.0)
+    o = tl.load(_rows(O, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d), mask=qd_mask, other=0.0)
     lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * T + offs_m, delta, mask=row_ok)
     BIAS_ROW = BIAS + h * stride_bias_h + (T - 1)  # distance 0
     KEY_MASK_ROW = KEY_MASK + b * stride_mask_b
     qk_scale = sm_scale * 1.4426950408889634
@@ -415,7 +422,11 @@ TUNING_KEY = ["T", "HEAD_DIM", "HAS_BIAS", "HAS_MASK", "DROPOUT"]
 
 def interpreted() -> bool:
     """Whether the kernels run under Triton's interpreter (TRITON_INTERPRET=1 before triton's import)."""
-    return TRITON_MISSING is None and not isinstance(_forward_kernel, triton.runtime.JITFunction)
+    return INTERPRETED
+
+
+# Decided once, at import: a constant to dynamo, which cannot trace isinstance on a Triton kernel.
+INTERPRETED = TRITON_MISSING is None and not isinstance(_forward_kernel, triton.runtime.JITFunction)
 
 
 def _rotated_rows(block_m: int, block_n: int) -> int:
@@ -505,18 +516,19 @@ def _reach(bias: Tensor | None) -> int:
     return 0 if bias is None else (bias.shape[1] - 1) // 2
 
 
-def _every_distance(bias: Tensor, seq_len: int) -> Tensor:
-    """(heads, 2T - 1): the bias by distance (heads, 2S + 1) looked up for every distance -(T - 1) .. T - 1
-    (entry j - i + T - 1), so that the kernels read it without clamping each distance to [-S, S]."""
+def every_distance(bias: Tensor, seq_len: int) -> Tensor:
+    """(heads, 2T - 1) fp32, no gradient: the bias by distance (heads, 2S + 1) looked up for every distance
+    -(T - 1) .. T - 1 (entry j - i + T - 1), what the kernels read, so that they never clamp a distance
+    to [-S, S]. The encoder builds it once per pass for all its layers (`relative_attention`'s
+    `every`); the bias's gradient comes from the kernels by distance, never through this lookup."""
     reach = _reach(bias)
     distances = torch.arange(-(seq_len - 1), seq_len, device=bias.device)
-    return bias[:, distances.clamp(-reach, reach) + reach].contiguous()
+    return bias.detach().float()[:, distances.clamp(-reach, reach) + reach].contiguous()
 
 
 def _optional_args(q: Tensor, bias: Tensor | None, key_mask: Tensor | None, seed: Tensor | None):
-    """Pointers for the optional inputs (q stands in for an absent one: the kernel never reads it); the
-    bias as the kernels read it, of every distance."""
-    bias = None if bias is None else _every_distance(bias, q.shape[2])
+    """Pointers for the optional inputs (q stands in for an absent one: the kernel never reads it); `bias`
+    is the bias of every distance (`every_distance`)."""
     bias_arg = q if bias is None else bias
     mask_arg = q if key_mask is None else key_mask.contiguous().view(torch.uint8)
     seed_arg = q if seed is None else seed
@@ -536,31 +548,33 @@ class Launch:
     blocks_of: str  # "BLOCK_M" (one program per query block) or "BLOCK_N" (per key block)
 
 
-def _forward_launch(q, k, v, bias, key_mask, seed, dropout_p) -> tuple[Launch, Tensor, Tensor]:
-    """The forward's launch, its output and its logsumexp (allocated, not yet written)."""
+def _forward_launch(q, k, v, every, key_mask, seed, dropout_p) -> tuple[Launch, Tensor, Tensor]:
+    """The forward's launch, its output and its logsumexp (allocated, not yet written); `every` is the
+    bias of every distance (`every_distance`) or None."""
     q, k, v = (_last_contiguous(x) for x in (q, k, v))
     batch, heads, seq_len, dim = q.shape
     out = _transposed_like(q)
     lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device)
-    bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
+    bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, every, key_mask, seed)
     arguments = (q, k, v, bias_arg, mask_arg, seed_arg, out, lse,
                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], stride_bias, stride_mask,
                  heads, seq_len, 1.0 / math.sqrt(dim), float(dropout_p))
-    constants = problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
+    constants = problem_constants(dim, every is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
     return Launch("forward", arguments, constants, "BLOCK_M"), out, lse
 
 
-def _backward_launches(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, bias_gradient):
-    """The backward's two launches (dK and dV, then dQ) and the gradients they write: dq, dk, dv, dbias."""
-    dout, q, k, v = (_last_contiguous(x) for x in (dout, q, k, v))
+def _backward_launches(dout, q, k, v, out, lse, bias, every, key_mask, seed, dropout_p, bias_gradient):
+    """The backward's two launches, in order (dQ, which writes delta, then dK and dV, which read it), and
+    the gradients they write: dq, dk, dv, dbias."""
+    dout, q, k, v, out = (_last_contiguous(x) for x in (dout, q, k, v, out))
     batch, heads, seq_len, dim = q.shape
-    delta = (dout.float() * out.float()).sum(-1).contiguous()  # (B, heads, T): rowsum(dO * O)
+    delta = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device)  # written by dQ
     dq, dk, dv = _transposed_like(q), _transposed_like(k), _transposed_like(v)
     constants = problem_constants(dim, bias is not None, key_mask is not None, dropout_p > 0, _precision(q.dtype))
     learns_bias = bias is not None and bias_gradient != "none"
     # without a bias to learn, an empty buffer the kernel never touches (and tuning may zero)
     dbias = torch.zeros(bias.shape if learns_bias else (0,), dtype=torch.float32, device=q.device)
-    bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, bias, key_mask, seed)
+    bias_arg, mask_arg, seed_arg, (stride_bias, stride_mask) = _optional_args(q, every, key_mask, seed)
     sm_scale = 1.0 / math.sqrt(dim)
     dkdv = Launch("dkdv", (
         q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dk, dv, dbias,
@@ -568,11 +582,11 @@ def _backward_launches(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p,
         stride_bias, dbias.stride(0), stride_mask, heads, seq_len, _reach(bias), sm_scale, float(dropout_p),
     ), {**constants, "BIAS_GRAD": BIAS_GRAD_CODES[bias_gradient if learns_bias else "none"]}, "BLOCK_N")
     dq_launch = Launch("dq", (
-        q, k, v, bias_arg, mask_arg, seed_arg, dout, lse, delta, dq,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-        stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p),
+        q, k, v, bias_arg, mask_arg, seed_arg, dout, out, lse, delta, dq,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *out.stride()[:3],
+        *dq.stride()[:3], stride_bias, stride_mask, heads, seq_len, sm_scale, float(dropout_p),
     ), constants, "BLOCK_M")
-    return (dkdv, dq_launch), (dq, dk, dv, dbias)
+    return (dq_launch, dkdv), (dq, dk, dv, dbias)
 
 
 def _run(launch: Launch, block_m: int, block_n: int) -> None:
@@ -585,16 +599,17 @@ def _run(launch: Launch, block_m: int, block_n: int) -> None:
         *launch.arguments, **launch.constants, **tiles)
 
 
-def _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n) -> tuple[Tensor, Tensor]:
+def _forward(q, k, v, every, key_mask, seed, dropout_p, block_m, block_n) -> tuple[Tensor, Tensor]:
     _check_runnable(q.device)
-    launch, out, lse = _forward_launch(q, k, v, bias, key_mask, seed, dropout_p)
+    launch, out, lse = _forward_launch(q, k, v, every, key_mask, seed, dropout_p)
     _run(launch, block_m, block_n)
     return out, lse
 
 
-def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
+def _backward(dout, q, k, v, out, lse, bias, every, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
     _check_runnable(q.device)
-    launches, gradients = _backward_launches(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, bias_gradient)
+    launches, gradients = _backward_launches(dout, q, k, v, out, lse, bias, every, key_mask, seed, dropout_p,
+                                             bias_gradient)
     for launch in launches:
         _run(launch, block_m, block_n)
     return gradients
@@ -604,16 +619,17 @@ def _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m,
 
 @torch.library.custom_op("cocolm::relative_attention", mutates_args=())
 def relative_attention_op(
-    q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], key_mask: Optional[Tensor], seed: Optional[Tensor],
-    dropout_p: float, block_m: int, block_n: int,
+    q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], every: Optional[Tensor], key_mask: Optional[Tensor],
+    seed: Optional[Tensor], dropout_p: float, block_m: int, block_n: int,
 ) -> tuple[Tensor, Tensor]:
     """(out (B, heads, T, d), logsumexp per row (B, heads, T) fp32 in log2 units); see `relative_attention`.
-    block_m = block_n = 0: each kernel runs at its tuned tiles (`TILES`)."""
-    return _forward(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n)
+    `bias` (heads, 2S + 1) is what gets the gradient; the kernels read `every`, its lookup for every
+    distance. block_m = block_n = 0: each kernel runs at its tuned tiles (`TILES`)."""
+    return _forward(q, k, v, every, key_mask, seed, dropout_p, block_m, block_n)
 
 
 @relative_attention_op.register_fake
-def _(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n):
+def _(q, k, v, bias, every, key_mask, seed, dropout_p, block_m, block_n):
     batch, heads, seq_len, _ = q.shape
     return _transposed_like(q), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
 
@@ -621,15 +637,16 @@ def _(q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n):
 @torch.library.custom_op("cocolm::relative_attention_backward", mutates_args=())
 def relative_attention_backward_op(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, bias: Optional[Tensor],
-    key_mask: Optional[Tensor], seed: Optional[Tensor], dropout_p: float, block_m: int, block_n: int,
-    bias_gradient: str,
+    every: Optional[Tensor], key_mask: Optional[Tensor], seed: Optional[Tensor], dropout_p: float, block_m: int,
+    block_n: int, bias_gradient: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dbias); dbias is (heads, 2S + 1) fp32 like the bias, or empty when there is no bias to learn."""
-    return _backward(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient)
+    return _backward(dout, q, k, v, out, lse, bias, every, key_mask, seed, dropout_p, block_m, block_n,
+                     bias_gradient)
 
 
 @relative_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
+def _(dout, q, k, v, out, lse, bias, every, key_mask, seed, dropout_p, block_m, block_n, bias_gradient):
     learns_bias = bias is not None and bias_gradient != "none"
     dbias = (q.new_empty(bias.shape, dtype=torch.float32) if learns_bias
              else q.new_empty((0,), dtype=torch.float32))
@@ -637,18 +654,46 @@ def _(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p, block_m, block_n
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, key_mask, seed, dropout_p, block_m, block_n = inputs
+    q, k, v, bias, every, key_mask, seed, dropout_p, block_m, block_n = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, bias, key_mask, seed)
+    ctx.save_for_backward(q, k, v, out, lse, bias, every, key_mask, seed)
+    ctx.set_materialize_grads(False)  # the logsumexp gets no gradient: no zeros made for it per call
     ctx.dropout_p, ctx.block_m, ctx.block_n = dropout_p, block_m, block_n
 
 
-def _backward_formula(ctx, dout, dlse):
-    q, k, v, out, lse, bias, key_mask, seed = ctx.saved_tensors
+def _gradients(ctx, dout, backward) -> tuple:
+    """The inputs' gradients from the output's, `backward` being the backward op (compiled) or its body
+    (eager); None for all where the output took no part in the loss (grads are not materialised)."""
+    if dout is None:
+        return (None,) * 10
+    q, k, v, out, lse, bias, every, key_mask, seed = ctx.saved_tensors
     bias_gradient = BIAS_GRADIENT if bias is not None and ctx.needs_input_grad[3] else "none"
-    dq, dk, dv, dbias = relative_attention_backward_op(
-        dout, q, k, v, out, lse, bias, key_mask, seed, ctx.dropout_p, ctx.block_m, ctx.block_n, bias_gradient)
-    return dq, dk, dv, (dbias if bias_gradient != "none" else None), None, None, None, None, None
+    dq, dk, dv, dbias = backward(dout, q, k, v, out, lse, bias, every, key_mask, seed, ctx.dropout_p, ctx.block_m,
+                                 ctx.block_n, bias_gradient)
+    return dq, dk, dv, (dbias if bias_gradient != "none" else None), None, None, None, None, None, None
+
+
+def _backward_formula(ctx, dout, dlse):
+    return _gradients(ctx, dout, relative_attention_backward_op)
+
+
+class _EagerRelativeAttention(torch.autograd.Function):
+    """What `relative_attention` runs outside torch.compile: the custom ops' bodies, called directly.
+    A custom op's dispatch (its wrappers, schema defaults, aliasing checks, and autograd through
+    `register_autograd`) costs the host more than the three kernel launches themselves: in a profile on
+    an H200, 0.65 ms of each call's host time was the ops' own wrapper (docs/design.md 7.2), while a
+    call is host-bound. Compiled, the custom ops stay what dynamo and inductor see."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, every, key_mask, seed, dropout_p, block_m, block_n):
+        out, lse = _forward(q, k, v, every, key_mask, seed, dropout_p, block_m, block_n)
+        _setup_context(ctx, (q, k, v, bias, every, key_mask, seed, dropout_p, block_m, block_n), (out, lse))
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        return _gradients(ctx, dout, _backward)
 
 
 relative_attention_op.register_autograd(_backward_formula, setup_context=_setup_context)
@@ -669,6 +714,7 @@ def dropout_rate(dropout_p: float) -> float:
 def relative_attention(
     q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, key_mask: Tensor | None = None,
     dropout_p: float = 0.0, seed: Tensor | None = None, blocks: tuple[int, int] | None = None,
+    every: Tensor | None = None,
 ) -> Tensor:
     """dropout(softmax(q k^T / sqrt(d) + bias[:, clamp(j - i, -S, S) + S] + padding)) v, fused; (B, heads, T, d).
 
@@ -680,8 +726,9 @@ def relative_attention(
     kept values scaled by 1 / (1 - that); `seed` an int64 scalar tensor on q's device (drawn from
     torch's generator when None and dropout is on); `blocks` (query block, key block), powers of two
     >= 16, for all three kernels, or None: each kernel autotuned among its `TILES` at its first call per
-    problem kind (under the interpreter, among `INTERPRETER_TILES`). The output is laid out as (B, T,
-    heads, d) in memory.
+    problem kind (under the interpreter, among `INTERPRETER_TILES`); `every` the bias's lookup for every
+    distance, `every_distance(bias, T)`, which an encoder builds once for all its layers (built here per
+    call when None). The output is laid out as (B, T, heads, d) in memory.
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -697,6 +744,12 @@ def relative_attention(
         if bias.dim() != 2 or bias.shape[0] != heads or bias.shape[1] % 2 == 0:
             raise ValueError(f"bias must be (heads, 2S + 1) = ({heads}, odd), got {tuple(bias.shape)}")
         bias = _last_contiguous(bias.float())
+        every = every_distance(bias, seq_len) if every is None else every
+        if tuple(every.shape) != (heads, 2 * seq_len - 1) or every.dtype != torch.float32:
+            raise ValueError(f"every must be fp32 ({heads}, {2 * seq_len - 1}), every_distance(bias, T), "
+                             f"got {every.dtype} {tuple(every.shape)}")
+    else:
+        every = None
     if key_mask is not None:
         if tuple(key_mask.shape) != (batch, seq_len) or key_mask.dtype != torch.bool:
             raise ValueError(f"key_mask must be bool ({batch}, {seq_len}), "
@@ -714,7 +767,10 @@ def relative_attention(
     block_m, block_n = blocks or (0, 0)
     if blocks is not None:
         check_blocks(blocks, q.dtype, dropout_p > 0, compiled=not interpreted())
-    return relative_attention_op(q, k, v, bias, key_mask, seed, float(dropout_p), block_m, block_n)[0]
+    arguments = (q, k, v, bias, every, key_mask, seed, float(dropout_p), block_m, block_n)
+    if torch.compiler.is_compiling():
+        return relative_attention_op(*arguments)[0]
+    return _EagerRelativeAttention.apply(*arguments)
 
 
 def check_blocks(blocks: tuple[int, int], dtype: torch.dtype, dropout: bool, compiled: bool) -> None:

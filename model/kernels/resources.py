@@ -93,9 +93,10 @@ def launches(problem: Problem) -> dict[str, kernels.Launch]:
     key_mask = torch.empty((batch, seq_len), dtype=torch.bool, device=meta) if problem.padding else None
     dropout_p = problem.dropout_p if problem.dropout else 0.0
     seed = torch.empty((), dtype=torch.int64, device=meta) if dropout_p else None
-    forward, out, lse = kernels._forward_launch(q, k, v, bias, key_mask, seed, dropout_p)
+    every = kernels.every_distance(bias, seq_len) if problem.bias else None
+    forward, out, lse = kernels._forward_launch(q, k, v, every, key_mask, seed, dropout_p)
     dout = kernels._transposed_like(q)
-    (dkdv, dq), _ = kernels._backward_launches(dout, q, k, v, out, lse, bias, key_mask, seed, dropout_p,
+    (dq, dkdv), _ = kernels._backward_launches(dout, q, k, v, out, lse, bias, every, key_mask, seed, dropout_p,
                                                problem.bias_gradient if problem.bias else "none")
     return {"forward": forward, "dkdv": dkdv, "dq": dq}
 
