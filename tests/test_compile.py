@@ -10,13 +10,15 @@ from dataclasses import replace
 import pytest
 import torch
 import torch._dynamo
+from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
 from model.attention import resolve_attention
-from model.bench import bench_config, random_batch
+from model.bench import MASK_RATE, bench_config, random_batch
 from model.corruption import SpecialTokens, make_pretraining_batch
 from model.encoder import Encoder, compile_encoders
-from model.objective import build_pretraining_model
+from model.objective import build_pretraining_model, to_device
+from model.step import compile_step
 
 
 def no_dropout_model(variant: str = "cocolm"):
@@ -71,6 +73,35 @@ def test_a_compiled_step_never_recompiles_after_the_first():
     with torch._dynamo.config.patch(error_on_recompile=True):
         model(random_batch(4, 48, 300, crop_fraction, seed=2)).loss.backward()
         model(padded_batch(3, 17)).loss.backward()
+
+
+def test_the_auxiliarys_accuracy_argmax_and_the_samplers_cumsum_reach_the_compiler_apart():
+    """The graph the whole-step compile hands to inductor: the sampler's cumsum is an aten op inductor
+    generates, and no aten argmax reads any tensor the cumsum is computed from. Such an argmax
+    (the auxiliary's accuracy) is independent of the cumsum over the same (N, V) rows, and torch
+    2.11's inductor fuses the two into a split-scan kernel it cannot generate; the accuracy's argmax
+    reaches it as the opaque `cocolm::argmax_apart`."""
+    model, crop_fraction = no_dropout_model()
+    graphs = []
+
+    def keep_forward(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compile_step(model, "default", backend=aot_autograd(fw_compiler=keep_forward))
+    model(to_device(random_batch(4, 48, 300, crop_fraction), torch.device("cpu"), MASK_RATE))
+    nodes = [node for graph in graphs for node in graph.graph.nodes if node.op == "call_function"]
+    cumsums = [node for node in nodes if node.target == torch.ops.aten.cumsum.default]
+    assert cumsums and any(node.target == torch.ops.cocolm.argmax_apart.default for node in nodes)
+    upstream, frontier = set(), [cumsums[0]]
+    while frontier:
+        for source in frontier.pop().all_input_nodes:
+            if source not in upstream:
+                upstream.add(source)
+                frontier.append(source)
+    shared = [node for node in nodes if node.target == torch.ops.aten.argmax.default
+              and set(node.all_input_nodes) & (upstream | {cumsums[0]})]
+    assert not shared, f"an argmax reads the sampler's cumsum's inputs: {shared}"
 
 
 def test_every_layer_of_every_encoder_is_compiled():
