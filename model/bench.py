@@ -71,12 +71,16 @@ What each side computes per step (ours follows the variant; see `model.objective
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
+import pstats
 import resource
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import torch
 import transformers
@@ -84,7 +88,10 @@ import yaml
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch._library.custom_ops import OPDEFS
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import gpu_report
 from .attention import (
     ATTENTION_CHOICES, RelativePositionBias, device_flex_options, flex_bias, flex_relative_attention,
     fused_relative_attention, kernel_variants, planning, resolve_attention,
@@ -92,6 +99,7 @@ from .attention import (
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
 from .encoder import Encoder, attention_fallbacks, attention_ran, compile_encoders
+from .kernels import attention as kernels
 from .flops import device_peak_flops, electra_peer_step_flops, roberta_peer_step_flops, step_flops
 from .losses import mlm_loss
 from .objective import build_pretraining_model, step_inputs, take, to_device
@@ -275,7 +283,7 @@ def run(
     preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, attention: str = "auto", compile: bool = False,
     attention_dropout: float | None = None, profile: bool = False, fixed_shapes: bool = False,
-    compile_step: str = "off", bf16_on_cpu: bool = False,
+    compile_step: str = "off", bf16_on_cpu: bool = False, compile_backend: str = "inductor",
 ) -> BenchResult:
     """Our training step for a preset and variant; `compile_step` (a mode of `model.step.compile_step`)
     compiles it whole, in place of `compile`'s layers, and needs `fixed_shapes`."""
@@ -288,9 +296,9 @@ def run(
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         encoder.set_attention(attention)
     if compile_step != "off":
-        compile_whole_step(model, compile_step)
+        compile_whole_step(model, compile_step, backend=compile_backend)
     elif compile:
-        compile_encoders(model)
+        compile_encoders(model, backend=compile_backend)
     raw = random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction)
     data = to_device(raw, dev, MASK_RATE if fixed_shapes else None)
     step = training_step(model, data, dev, cuda_graphs=compile_step == "reduce-overhead" and dev.type == "cuda",
@@ -302,7 +310,7 @@ def run(
 
 def attention_alone(
     preset: str, seq_len: int, batch: int, dropout_p: float, device: str | None = None, repeats: int = 20,
-    profile: bool = False,
+    warmup: int = 3, profile: bool = False,
 ) -> list[tuple[str, str]]:
     """Attention alone at the preset's main-encoder shape, bf16 on CUDA (fp32 elsewhere): ms per call of
     the forward and of forward + backward (gradients for q, k, v and the bias) for our Triton kernel
@@ -347,9 +355,9 @@ def attention_alone(
     rows = []
     for name, call in sides.items():
         try:
-            forward = 1000 * seconds_per_call(call, dev, repeats, warmup=3)
-            both = 1000 * seconds_per_call(lambda: call().backward(grad), dev, repeats, warmup=3)
-            rows.append((name, f"{forward:8.3f} ms {both:8.3f} ms"))
+            forward = 1000 * seconds_per_call(call, dev, repeats, warmup)
+            host, both = (1000 * t for t in host_and_wall_seconds(lambda: call().backward(grad), dev, repeats, warmup))
+            rows.append((name, f"{forward:8.3f} ms {both:8.3f} ms  (host {host:.3f} ms to issue forward + backward)"))
             if profile:
                 rows.append(("", profile_table(lambda: call().backward(grad), dev, rows=15)))
         except Exception as error:  # a backend this device or build lacks: say so, time the others
@@ -359,17 +367,113 @@ def attention_alone(
     return rows
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched under it, by kind: those that make a tensor without computing
+    it (`ALLOCATIONS`), views, and the rest (each a kernel launch on a GPU). Our custom ops are counted
+    and entered, so that what they dispatch inside is counted too; `paused` skips a kernel's own launch
+    (under Triton's interpreter, the copies it makes are not the runtime's)."""
+
+    ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "zeros",
+                   "zeros_like", "new_zeros"}
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, list[str]] = {"compute": [], "allocation": [], "view": [], "custom op": []}
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if func.namespace == "cocolm":  # its Python body, with this mode on again, so its ops are counted
+            self.counts["custom op"].append(name)
+            with self:
+                return OPDEFS[f"cocolm::{name}"]._init_fn(*args, **(kwargs or {}))
+        if not self.paused:
+            kind = ("allocation" if name in self.ALLOCATIONS else "view" if func.is_view else "compute")
+            self.counts[kind].append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def attention_ops(preset: str, seq_len: int, batch: int, dropout_p: float, device: str | None = None) -> list[str]:
+    """What one call of our Triton attention dispatches besides its kernels, forward and backward, at the
+    preset's main-encoder shape, as the encoder calls it (the bias's lookup for every distance built
+    once per pass, outside the call): aten operators by kind, custom ops and kernel launches. Runs on a
+    GPU, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1), whose own copies are not counted."""
+    dev = _device(device)
+    cfg = bench_config(preset, "cocolm", dropout_p)[0].main
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    # q, k, v as the encoder has them: views of one fused projection, (B, T, 3, heads, d)
+    qkv = torch.randn(batch, seq_len, 3, cfg.num_heads, cfg.head_dim, device=dev, dtype=dtype).requires_grad_()
+    table = RelativePositionBias(cfg).to(dev).by_distance(seq_len).detach().requires_grad_()
+    every = kernels.every_distance(table, seq_len)
+
+    def call() -> torch.Tensor:
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        return fused_relative_attention(q, k, v, table, None, dropout_p, every=every)
+
+    call().float().sum().backward()  # tuned and compiled before counting
+    qkv.grad = table.grad = None  # so that the counted backward hands its gradients over, adding nothing
+    launches, run = [], kernels._run
+    counter = _OpCounter()
+
+    def counted_run(launch, block_m, block_n):
+        launches.append(launch.kind)
+        counter.paused = True
+        try:
+            run(launch, block_m, block_n)
+        finally:
+            counter.paused = False
+
+    lines = []
+    with mock.patch.object(kernels, "_run", counted_run):  # counts the launches; the kernels still run
+        for name, work in (("forward", call), ("backward", lambda: out.backward(grad))):
+            launches.clear()
+            counter.counts = {kind: [] for kind in counter.counts}
+            if name == "backward":
+                grad = torch.ones_like(out)
+            with counter:
+                out = work()
+            listed = "; ".join(f"{kind} {len(names)} ({', '.join(names)})" if names else f"{kind} 0"
+                               for kind, names in counter.counts.items())
+            lines.append(f"ops per call, {name}: kernel launches {len(launches)} ({', '.join(launches)}); {listed}")
+    host, wall = host_and_wall_seconds(lambda: call().backward(torch.ones_like(qkv[:, :, 0].transpose(1, 2))),
+                                       dev, repeats=20, warmup=2)
+    lines.append(f"host {1000 * host:.3f} ms to issue one call forward + backward, {1000 * wall:.3f} ms until done")
+    return lines + [python_profile(lambda: call().backward(torch.ones_like(qkv[:, :, 0].transpose(1, 2))), dev)]
+
+
+def python_profile(call: Callable[[], object], device: torch.device, repeats: int = 20, rows: int = 30) -> str:
+    """cProfile of `repeats` calls (then one device sync): the Python functions, ours, torch's and Triton's,
+    with the most time of their own, to find what the host spends a call on."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(repeats):
+        call()
+    _sync(device)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(rows)
+    return out.getvalue()
+
+
 def seconds_per_call(call: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
     """The mean wall time of `call` over `repeats` calls between device syncs, after `warmup` untimed ones
     (compilation and autotuning happen there)."""
+    return host_and_wall_seconds(call, device, repeats, warmup)[1]
+
+
+def host_and_wall_seconds(call: Callable[[], object], device: torch.device, repeats: int,
+                          warmup: int) -> tuple[float, float]:
+    """Per call: the host's time to issue `repeats` calls (no sync), and the wall time until the device
+    finished them. Host time near the wall time means the device waits for the host (launch overhead)."""
     for _ in range(warmup):
         call()
     _sync(device)
     start = time.perf_counter()
     for _ in range(repeats):
         call()
+    issued = time.perf_counter()
     _sync(device)
-    return (time.perf_counter() - start) / repeats
+    return (issued - start) / repeats, (time.perf_counter() - start) / repeats
 
 
 def kernel_compiles(preset: str, seq_len: int, variant_name: str = "cocolm",
@@ -487,6 +591,7 @@ def run_peer(
     peer: str, preset: str = "tiny", seq_len: int = 128, batch: int = 8, steps: int = 10, warmup: int = 2,
     variant_name: str = "cocolm", device: str | None = None, compile: bool = False,
     attention_dropout: float | None = None, profile: bool = False, bf16_on_cpu: bool = False,
+    compile_backend: str = "inductor",
 ) -> BenchResult:
     """The peer's training step on the batch `run` uses for the same arguments (same seed)."""
     dev = _device(device)
@@ -494,7 +599,7 @@ def run_peer(
     model = build_peer(peer, model_cfg).to(dev).train()
     if compile:
         for layer in model.layers():  # per layer, as `compile_encoders` does for ours
-            layer.compile(dynamic=False)
+            layer.compile(dynamic=False, backend=compile_backend)
     data = to_device(random_batch(batch, seq_len, model_cfg.vocab_size, crop_fraction), dev)
     step = training_step(model, data, dev, bf16_on_cpu=bf16_on_cpu)
     flops = peer_step_flops(peer, model_cfg, seq_len, batch)
@@ -570,7 +675,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the pretraining job's preset: its model, objective and vocabulary")
     parser.add_argument("--seq-len", type=at_least(2), default=128)
     parser.add_argument("--batch-size", type=at_least(1), default=8, help="sequences per step")
-    parser.add_argument("--steps", type=at_least(1), default=10, help="timed steps")
+    parser.add_argument("--steps", type=at_least(1), default=10, help="timed steps (with --attention-alone: timed calls)")
     parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -595,10 +700,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attention-alone", action="store_true",
                         help="only time attention alone (forward; forward + backward) at the preset's main-encoder "
                         "shape: our Triton kernel, SDPA's memory-efficient kernel with the bias, flash without one")
+    parser.add_argument("--attention-ops", action="store_true",
+                        help="only count what one call of our Triton attention dispatches besides its kernels, "
+                        "forward and backward (on a CPU under TRITON_INTERPRET=1)")
+    parser.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
+                        help="torch.compile's backend for --compile and --compile-step (aot_eager: no C++ "
+                        "toolchain, what --gpu-report --toy runs)")
+    parser.add_argument("--gpu-report", metavar="OUTDIR", type=Path, default=None,
+                        help="run every GPU check and benchmark (model.gpu_report), each under its own time cap, "
+                        "and write their logs and a summary to OUTDIR")
+    parser.add_argument("--budget", type=at_least(1), default=None,
+                        help="with --gpu-report: seconds for the whole plan (default 540)")
+    parser.add_argument("--only", default=None,
+                        help="with --gpu-report: the checks to run, comma-separated (default: the whole plan)")
+    parser.add_argument("--toy", action="store_true",
+                        help="with --gpu-report: the same plan at toy shapes on the CPU")
     parser.add_argument("--compiles", action="store_true",
                         help="only count the Triton kernel variants our step compiles before its first step "
                         "(on any device, without running it) and exit")
     args = parser.parse_args(argv)
+    if args.gpu_report is not None:
+        only = args.only.split(",") if args.only else None
+        if unknown := sorted(set(only or ()) - set(gpu_report.check_names())):
+            parser.error(f"unknown checks {unknown}; the plan's are {gpu_report.check_names()}")
+        outcomes = gpu_report.gpu_report(args.gpu_report, args.budget or gpu_report.DEFAULT_BUDGET_S,
+                                         toy_shapes=args.toy, only=only)
+        raise SystemExit(0 if all(o.status == "exit 0" for o in outcomes) else 1)
+    if args.attention_ops:
+        dropout_p = 0.1 if args.attention_dropout is None else args.attention_dropout
+        print(f"attention ops: preset={args.preset} B={args.batch_size} T={args.seq_len} dropout={dropout_p}")
+        print("\n".join(attention_ops(args.preset, args.seq_len, args.batch_size, dropout_p, args.device)))
+        return
     if args.compiles:
         print(compiles_line(args.preset, args.seq_len, args.variant, args.attention_dropout))
         return
@@ -607,7 +739,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"attention alone: preset={args.preset} B={args.batch_size} T={args.seq_len} dropout={dropout_p} "
               f"torch={torch.__version__}; ms per call: forward, forward + backward")
         for name, times in attention_alone(args.preset, args.seq_len, args.batch_size, dropout_p, args.device,
-                                           profile=args.profile):
+                                           repeats=args.steps, warmup=args.warmup, profile=args.profile):
             print(f"{name:44s} {times}" if name else times)
         return
     dev = _device(args.device)
@@ -625,7 +757,8 @@ def main(argv: list[str] | None = None) -> None:
         variant_name = PEER_VARIANTS.get(peer_name) or args.variant
         shared = dict(preset=args.preset, seq_len=args.seq_len, batch=args.batch_size, steps=args.steps,
                       warmup=args.warmup, variant_name=variant_name, device=args.device, compile=args.compile,
-                      attention_dropout=args.attention_dropout, profile=args.profile, bf16_on_cpu=args.cpu_bf16)
+                      attention_dropout=args.attention_dropout, profile=args.profile, bf16_on_cpu=args.cpu_bf16,
+                      compile_backend=args.compile_backend)
         ours = run(attention=args.attention, fixed_shapes=args.fixed_shapes, compile_step=args.compile_step, **shared)
         _print_side(f"ours ({variant_name})", ours)
         print(_attention_line(args.attention, ours.attention))
@@ -641,10 +774,12 @@ def main(argv: list[str] | None = None) -> None:
         print(summary(rows))
     measured = dict(rows)
     if "ours cocolm" in measured and "peer hf-electra" in measured:
-        if (args.preset, args.seq_len, dev.type) == ("base", 512, "cuda"):
-            print(targets(measured["ours cocolm"], measured["peer hf-electra"], model_cfg.attention_dropout))
-        else:
+        if (args.preset, args.seq_len, dev.type) != ("base", 512, "cuda"):
             print("(the targets are set for --preset base --seq-len 512 on a GPU; not judged here)")
+        elif not args.compile:
+            print("(the targets are judged against a compiled peer; add --compile)")
+        else:
+            print(targets(measured["ours cocolm"], measured["peer hf-electra"], model_cfg.attention_dropout))
 
 
 def _print_side(title: str, result: BenchResult) -> None:

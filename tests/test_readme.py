@@ -51,8 +51,10 @@ COMMANDS = {
     r"^python -m jobs\.data\.stream_bench": "tests/test_stream.py runs the stream it times; a benchmark of a minute",
     r"^python -m jobs\.data\.pack --seq-len 128 --vocab-size 8192 --out work/blocks ":
         "the same command as the study-cpu pack above, at the study preset's length",
-    r"^python -m pytest -m gpu|^python -m pytest tests/test_triton_attention\.py|^python -m model\.bench --preset base":
-        "GPU (the README's 'On a GPU' section)",
+    r"^python -m pytest -m gpu|^python -m pytest tests/test_triton_attention\.py|^python -m model\.bench --preset base|"
+    r"^python -m model\.bench --gpu-report gpu-report$": "GPU (the README's 'On a GPU' section)",
+    r"^python -m model\.bench --gpu-report gpu-report --toy$":
+        "tests/test_gpu_report.py::test_the_whole_plan_runs_at_toy_shapes_on_the_cpu",
     r"^python -m model\.kernels\.resources$":
         "tests/test_triton_attention.py::test_every_tuned_tile_compiles_for_an_h100_fits_and_issues_at_most_130_instructions_per_score "
         "(its report, at the default problem)",

@@ -623,3 +623,13 @@ def test_model_imports_without_triton_and_the_kernel_path_says_why_it_cannot_run
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
 
+
+@kernel_test
+def test_a_call_dispatches_nothing_but_its_kernels_and_the_dropout_seed():
+    """What one call runs besides its three kernels (`python -m model.bench --attention-ops`), as the
+    encoder calls it: the forward draws its dropout seed; the backward computes nothing of its own (delta
+    is the dQ kernel's, the bias of every distance the encoder's, once per pass). The two backward
+    ops left are the harness's: `unbind`'s backward stacks dq, dk, dv, and the leaf's gradient is copied."""
+    forward, backward = bench.attention_ops("tiny", 16, 1, 0.1, "cpu")[:2]
+    assert "kernel launches 1 (forward); compute 1 (randint);" in forward
+    assert "kernel launches 2 (dq, dkdv); compute 2 (stack, copy_);" in backward

@@ -1,0 +1,73 @@
+"""`python -m model.bench --gpu-report`: the plan a lent GPU runs, its time caps and budget, and its summary.
+The whole plan runs here at toy shapes on the CPU, so that a typo in it shows before a GPU's minutes go."""
+
+import subprocess
+import sys
+
+import pytest
+
+from model import gpu_report
+from model.gpu_report import PLAN, Check, figures, run_plan, toy
+
+STEP_OUTPUT = """training step: preset=base seq_len=512 batch_size=32 attention_dropout=0.1
+ours (cocolm)
+device            NVIDIA H200
+step time         101.5 ms
+MFU               22.4%
+attention         triton in training passes, triton in no-grad passes (choice: triton)
+peer hf-electra (transformers, attn_implementation=sdpa)
+step time         49.0 ms
+MFU               26.4%
+ours/peer MFU       0.85x
+target MFU ours/hf-electra >= 1.0x (attention dropout 0.1): 0.85x (NOT met)
+peak memory ours/hf-electra: 15.0 / 10.2 GiB
+"""
+
+
+def test_the_summary_has_one_line_per_figure_of_each_side():
+    assert figures(STEP_OUTPUT) == [
+        "ours (cocolm): step time 101.5 ms", "ours (cocolm): MFU 22.4%",
+        "attention triton in training passes, triton in no-grad passes (choice: triton)",
+        "peer hf-electra: step time 49.0 ms", "peer hf-electra: MFU 26.4%", "ours/peer MFU 0.85x",
+        "target MFU ours/hf-electra >= 1.0x (attention dropout 0.1): 0.85x (NOT met)",
+        "peak memory ours/hf-electra: 15.0 / 10.2 GiB",
+    ]
+
+
+def test_toy_shapes_replace_the_shape_flags_and_keep_the_rest():
+    step = next(check for check in PLAN if check.name == "step-dropout0.1-triton-vs-electra")
+    argv = toy(step).argv
+    assert argv[argv.index("--preset") + 1] == "tiny" and argv.count("--preset") == 1
+    assert argv.count("--seq-len") == argv.count("--steps") == 1 and "512" not in argv
+    assert argv[-5:] == ("--compile", "--attention", "triton", "--peer", "hf-electra")
+    tests = next(check for check in PLAN if check.argv[0] == "pytest")
+    assert toy(tests).argv == (*tests.argv, "--collect-only")
+
+
+def test_a_check_past_its_cap_is_killed_and_one_the_budget_cannot_fit_is_skipped(tmp_path):
+    sleeper = ("timeit", "-n", "1", "-r", "1", "import time; time.sleep(30)")
+    checks = [Check("quick", ("this",), 10), Check("sleeps", sleeper, 2), Check("late", ("this",), 30)]
+    outcomes = run_plan(checks, tmp_path, budget_s=12, env={})
+    assert [o.status for o in outcomes] == ["exit 0", "timed out", "skipped (budget)"]
+    assert outcomes[1].seconds < 10 and "killed at its cap" in outcomes[1].log.read_text()
+
+
+def test_an_unknown_check_is_one_usage_line():
+    result = subprocess.run([sys.executable, "-m", "model.bench", "--gpu-report", "out", "--only", "nope"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown checks ['nope']" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_whole_plan_runs_at_toy_shapes_on_the_cpu(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "model.bench", "--gpu-report", str(tmp_path), "--toy"],
+                            capture_output=True, text=True, timeout=900)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert result.returncode == 0, summary
+    for check in gpu_report.PLAN:
+        assert f"{check.name}: exit 0" in summary
+        if "--attention-alone" in check.argv:
+            assert f"{check.name}: attention alone: triton (ours), bias by distance: " in summary
+        elif check.argv[0] == "model.bench" and "--attention-ops" not in check.argv:
+            assert f"{check.name}: ours (" in summary and f"{check.name}: attention " in summary
+    assert "attention-ops-dropout0.1: ops per call, backward: kernel launches 2 (dq, dkdv)" in summary
