@@ -135,11 +135,13 @@ def saturation_distance(num_buckets: int, max_distance: int, max_positions: int)
     return int(differs.max()) + 1 if len(differs) else 0
 
 
+@functools.cache
 def bucket_offset(num_buckets: int, max_distance: int, max_positions: int) -> int:
     """How far the authors' ids sit below ours: they shift by minus the smallest id over the
     max_positions x max_positions matrix (at distance -(max_positions - 1)), we by half - 1. 0 wherever
-    that distance reaches the farthest bucket (the paper's 512 positions); 1 at 64 positions, 32 buckets."""
-    farthest = torch.tensor([1 - max(max_positions, 1)])
+    that distance reaches the farthest bucket (the paper's 512 positions); 1 at 64 positions, 32 buckets.
+    On the CPU, as `saturation_distance`."""
+    farthest = torch.tensor([1 - max(max_positions, 1)], device="cpu")
     return int(relative_position_bucket(farthest, num_buckets, max_distance)[0])
 
 

@@ -25,10 +25,17 @@ class EncoderShape:
     relative_position: bool = True  # False for the no_rel_pos ablation
     rel_pos_buckets: int = 32
     rel_pos_max_distance: int = 128
+    # False: bucket ids shifted by rel_pos_buckets // 2 - 1. True: shifted by minus the smallest id over the
+    # max_positions x max_positions matrix, as the authors' released code does; the two differ only where
+    # max_positions is too short to reach the farthest bucket (`model.attention.bucket_offset`).
+    rel_pos_shift_by_min: bool = False
     dropout: float = 0.1
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-5
     pad_token_id: int = 0
+    # The token row that gets no gradient (nn.Embedding's padding_idx); None: every row trains. The authors'
+    # released checkpoints set 0, their [CLS] row (their pad is 1): `model.convert` writes 0 for those.
+    token_padding_idx: int | None = None
     # False: the paper's post-LN block. True: pre-LN (LN before each sublayer, one final LN), a recorded
     # departure for short studies only (docs/design.md section 5.4); every variant of a study gets it.
     pre_layer_norm: bool = False
