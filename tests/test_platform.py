@@ -10,12 +10,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_cluster_yaml_passes_rays_schema_and_installs_the_project():
+def test_cluster_yaml_passes_rays_schema_and_every_node_runs_the_projects_image():
+    """Every node runs the project's image (its Python 3.11 installs the pins; the AMI's Python runs nothing of
+    ours) tagged by the project's version; nothing is installed when a node starts."""
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     validate_config(prepare_config(raw))
-    assert any("pip install" in c and "cocolm-ray" in c for c in raw["setup_commands"])
+    version = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+    assert raw["docker"]["image"].endswith(f"/cocolm-ray:{version}")
+    assert not any("pip install" in c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands")
+                   for c in raw.get(key, []))
+    assert raw["head_setup_commands"] == []  # Ray's default would pip-install an unpinned boto3 on the head
     assert any(t["resources"].get("GPU") for t in raw["available_node_types"].values())
 
 
@@ -127,12 +133,16 @@ def test_the_mlflow_server_recipe_holds_no_password_publishes_only_mlflow_and_re
     assert ignored.returncode == 0  # the file the README has you write the secrets into is never committed
 
 
-def test_the_cluster_launcher_copies_the_checkout_without_git_its_ignored_files_or_secrets():
-    """`ray up` rsyncs the checkout to the head: Ray turns rsync_exclude into `--exclude` and rsync_filter
-    into `--filter 'dir-merge,- .gitignore'`, so git's ignore rules (.venv, work/, mlflow.db, .env,
-    *.private.yaml) hold there too; .git and the secret patterns are named as well."""
+def test_the_cluster_launcher_syncs_no_code_folder_and_keeps_outputs_outside_the_container():
+    """The code travels with each job (jobs.submit), the dependencies with the image: a synced checkout was
+    also the default $COCOLM_HOME, so ray_results/ and locks landed in it and were copied to every new worker.
+    Outputs go to the host's disk, bound at the image's $COCOLM_HOME. The rsync rules stay for any folder
+    added later: git's ignore rules and the secret patterns."""
     raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
-    assert raw["file_mounts"]["/home/ubuntu/cocolm-ray"] == "."
+    assert set(raw["file_mounts"]) == {"~/.ray/auth_token"}
+    assert "ENV COCOLM_HOME=/home/ray/cocolm-home" in (ROOT / "Dockerfile").read_text()
+    assert "-v /home/ubuntu/cocolm-home:/home/ray/cocolm-home" in raw["docker"]["run_options"]
+    assert any(c.startswith("mkdir -p -m 700 /home/ubuntu/cocolm-home") for c in raw["initialization_commands"])
     assert raw["rsync_filter"] == [".gitignore"]
     assert {"**/.git", "**/.git/**", ".env", "**/.env", "*.private.yaml", "mlflow.db"} <= set(raw["rsync_exclude"])
     ignored = (ROOT / ".gitignore").read_text().splitlines()
