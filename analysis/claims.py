@@ -6,7 +6,7 @@ seed of initialisation, corruption and data order together): a run's fine-tuning
 by their median first, a curve by the mean of its last fifth, a run's sentence-pair cosines by their
 mean. The logged values of one curve, or the seeds of one fine-tuning sweep, are never samples.
 
-**Who counts.** Only runs that trained (`jobs.studies.gate`): a variant with fewer than MIN_RUNS
+**Who counts.** Only runs that trained (`jobs.gate`): a variant with fewer than MIN_RUNS
 trained runs gets "recipe failed for VARIANT (k of n runs trained: ...)" on every claim that needs it,
 and a variant with fewer than MIN_RUNS runs at all "not enough pretraining runs". With 3 runs against
 3 an exact permutation test cannot reach 0.05 (its smallest two-sided p is 0.1); with 4 against 4 it
@@ -49,7 +49,7 @@ from statsmodels.stats.multitest import multipletests
 
 from jobs.names import PROBE_METRICS, RANDOM_INIT_VARIANT, REPRESENT_METRICS
 from jobs.runs import BUDGET_PARAMS, with_fractions
-from jobs.studies.gate import CRITERIA, UNFINISHED, gate
+from jobs.gate import CRITERIA, UNFINISHED, gate
 
 HOLDS, FAILS, NEGLIGIBLE, INCONCLUSIVE = "holds", "does not hold", "negligible", "inconclusive"
 NO_VARIATION = "no variation over runs: not evidence"
@@ -183,7 +183,7 @@ def summary_verdict(verdicts: dict[str, str]) -> str:
 
 
 def run_gate(row: pd.Series):
-    """`jobs.studies.gate` on a row of `jobs.runs.pretraining_runs`."""
+    """`jobs.gate` on a row of `jobs.runs.pretraining_runs`."""
     metrics = {k.removeprefix("metrics."): v for k, v in row.items()
                if k.startswith("metrics.") and isinstance(v, (int, float)) and not math.isnan(v)}
     params = {k.removeprefix("params."): v for k, v in row.items() if k.startswith("params.")}
@@ -568,7 +568,7 @@ def rules_text() -> str:
     criteria = "\n".join(f"- {c.name}: {c.text()}" + (f" (where {c.needs_param} is true)" if c.needs_param else "")
                          + f". {c.reason}." for c in CRITERIA)
     sesoi = ", ".join(f"{kind} {value:g}" for kind, value in SESOI.items())
-    return (f"A run counts only if it trained (jobs/studies/gate.py):\n\n{criteria}\n\n"
+    return (f"A run counts only if it trained (jobs/gate.py):\n\n{criteria}\n\n"
             f"A comparison needs at least {MIN_RUNS} counted pretraining runs a side; each run gives one value "
             f"(fine-tuning: the median over its seeds; a curve: the mean of its last fifth). Two variants: Welch's "
             f"t-test and its {CONFIDENCE:.0%} interval (the exact permutation p beside it); within runs: paired "

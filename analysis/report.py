@@ -55,7 +55,7 @@ from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, 
 from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_seed, pretraining_runs, sweep_scores,
                        timeline, with_fractions)
 from jobs.studies.figures import PALETTE, legend_below, pyplot, representation_figure, run_styles, save
-from jobs.studies.gate import CRITERIA, TRAINED
+from jobs.gate import CRITERIA, TRAINED
 
 BASELINE = "cocolm"
 AVG = "AVG"
@@ -407,7 +407,7 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
     table.to_csv(out / "runs.csv", index=False)
     (out / "runs.md").write_text("Pretraining runs, one row each (the unit of replication): minutes from the "
                                  "run's first start to its end (a resumed run counts the pause), what its steps "
-                                 "computed in, the gate's verdict (jobs/studies/gate.py), last logged metrics, readouts, fine-tuning medians over "
+                                 "computed in, the gate's verdict (jobs/gate.py), last logged metrics, readouts, fine-tuning medians over "
                                  "seeds (x1)\n\n" + plain_markdown(table))
     return [out / "runs.csv", out / "runs.md"]
 

@@ -33,7 +33,7 @@ TRIAL_TAG = "cocolm.trial"  # on a trial run: the trial's name (task, grid point
 ERROR_TAG = "cocolm.error"  # on a failed trial run: the first line of its error
 ATTEMPT_TAG = "cocolm.attempt"  # on a trial run: which attempt of the trial it records (1, 2, ...)
 PRETRAINING_SEED_TAG = "pretraining_seed"  # on pretraining runs of a study: the seed of init, corruption and data order
-GATE_TAG = "cocolm.gate"  # on a study's pretraining runs: "trained", or which criterion failed (jobs.studies.gate)
+GATE_TAG = "cocolm.gate"  # on a study's pretraining runs: "trained", or which criterion failed (jobs.gate)
 STUDY_TAGS = ("preset", "variant")  # on pretraining runs, and copied to their sweeps: the compare view's columns
 # jobs.studies.represent, logged on the pretraining run it measures:
 REPRESENT_METRICS = ("represent/random_cosine_mean", "represent/similar_cosine_mean", "represent/cosine_gap")

@@ -15,7 +15,7 @@ from jobs.cli import UserError
 from jobs.names import (DEV_STAT, KIND_FEWSHOT, KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRECISION_TAG,
                         PRETRAINING_SEED_TAG, PRETRAINING_TAG, SEED_STAT, STOP_TAG, best_task, best_task_metric,
                         dev_seed_scores, fewshot_metric, reported_split_tag, seed_scores, split_fraction)
-from jobs.studies.gate import GATE_PARAMS
+from jobs.gate import GATE_PARAMS
 
 # The params that say how much a pretraining run trained: two runs are compared only when these agree.
 BUDGET_PARAMS = ("train.max_steps", "train.global_batch", "data.seq_len", "train.long_steps", "data.long_seq_len")

@@ -319,7 +319,7 @@ def _release_lock(path: Path) -> None:
 STOPPING = threading.Event()
 """Set by a command that is being stopped (Ctrl-C, SIGTERM) before it stops the runs its other threads
 hold (jobs.studies.ablate shuts its Ray down under them): their errors then mean "stopped", not
-"broken", and the gate must not count such a run against the recipe (jobs.studies.gate.UNFINISHED)."""
+"broken", and the gate must not count such a run against the recipe (jobs.gate.UNFINISHED)."""
 
 
 def end_run(client: MlflowClient, run_id: str, ok: bool, stopped: bool = False) -> None:

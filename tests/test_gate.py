@@ -1,9 +1,9 @@
-"""jobs.studies.gate: a run counts only if it trained; each criterion on its own."""
+"""jobs.gate: a run counts only if it trained; each criterion on its own."""
 
 import pytest
 
 from jobs.names import RANDOM_INIT_VARIANT, REPRESENT_METRICS
-from jobs.studies.gate import CONTROL, CRITERIA, NOT_FINISHED, PLATEAU_BOUND, TRAINED, UNFINISHED, gate
+from jobs.gate import CONTROL, CRITERIA, NOT_FINISHED, PLATEAU_BOUND, TRAINED, UNFINISHED, gate
 
 COPY = {"objective.use_copy_loss": "True"}
 GOOD = {"aux_mlm_accuracy": 0.12, "copy_accuracy_replaced": 0.14, REPRESENT_METRICS[0]: 0.87}

@@ -306,7 +306,7 @@ def test_the_gate_curves_show_every_run_of_a_variant_its_bounds_and_how_many_tra
     """gate_curves.png: a panel per variant (none for the control), a line per run and gated accuracy in its
     seed's colour, the bounds dotted, "k of n trained" in the title, from the same rules as the gate table."""
     import analysis.report as report
-    from jobs.studies.gate import PLATEAU_BOUND
+    from jobs.gate import PLATEAU_BOUND
 
     def run(variant, seed, aux, copy=None):
         metrics = {"metrics.aux_mlm_accuracy": aux, "metrics.represent/random_cosine_mean": 0.9}

@@ -230,7 +230,7 @@ def test_the_store_and_checkpoint_folders_are_owner_only_when_made_not_after(tmp
 ])
 def test_a_stopped_run_ends_killed_and_a_broken_one_failed(tmp_path, error, status):
     """Issue 33: the gate counts a FAILED pretraining run against its recipe and leaves a KILLED one out
-    (jobs.studies.gate.UNFINISHED), so a study stopped with Ctrl-C or SIGTERM must leave its runs KILLED."""
+    (jobs.gate.UNFINISHED), so a study stopped with Ctrl-C or SIGTERM must leave its runs KILLED."""
     from mlflow.tracking import MlflowClient
 
     from jobs.tracking import ending_run

@@ -10,7 +10,7 @@ The pretraining run is the unit of replication: `--pretraining-seeds N` pretrain
 with seeds 0..N-1 for initialisation, corruption and data order together (`train.seed` and `data.seed`),
 or K..K+N-1 with `--first-seed K` (a replication on seeds no earlier study used), each run tagged with
 its seed (`pretraining_seed`) and, once read out, with the gate's verdict
-(`cocolm.gate`: "trained", or which criterion failed; jobs/studies/gate.py). Seeds are the outer loop:
+(`cocolm.gate`: "trained", or which criterion failed; jobs/gate.py). Seeds are the outer loop:
 an interrupted study has whole seeds done.
 
 Every run is read out the same way: the [CLS] cosines of `jobs.studies.represent`, linear probes on the
@@ -71,7 +71,7 @@ from jobs.pretraining.loop import duration
 from jobs.ray_session import init_ray
 from jobs.runs import SEED_PARAMS
 from jobs.studies import control, probe, represent
-from jobs.studies.gate import gate
+from jobs.gate import gate
 
 
 def _variant_list(text: str) -> tuple[str, ...]:
@@ -136,7 +136,7 @@ class VariantResult:
     sweep_run: str = ""  # "" when no tasks
     sweep_status: str = ""  # FINISHED | ALREADY_FINISHED | ""
     represent_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
-    gate: str = ""  # jobs.studies.gate's verdict on the run
+    gate: str = ""  # jobs.gate's verdict on the run
     probe_status: str = ""  # FINISHED | ALREADY_FINISHED | "" (skipped)
 
     @property
