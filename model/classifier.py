@@ -1,10 +1,10 @@
 """Fine-tuning: the sentence(-pair) head on [CLS] (docs/method.md section 7.1), the start/end head of
 extractive question answering (section 7.6), and loading an exported encoder.
 
-The head is the authors': dropout, dense H->H, tanh, dropout, output (num_classes logits, or one
-value for regression such as STS-B). `load_encoder` reads a directory written by
-`model.export.export_encoder` (config.json + model.safetensors) into our own `Encoder`, without
-transformers: the exported model and the fine-tuned one are one implementation.
+The head: dropout, dense H->H, tanh (BERT's; the authors' released fine-tuning code has GELU there: the
+`activation` argument), dropout, output (num_classes logits, or one value for regression such as STS-B).
+`load_encoder` reads a directory written by `model.export.export_encoder` (config.json + model.safetensors)
+into our own `Encoder`, without transformers: the exported model and the fine-tuned one are one implementation.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
@@ -24,16 +25,22 @@ from .heads import CLMHead, MLMHead
 EXPORT_PREFIX = "encoder."  # model.hf_modeling.COCOLMModel keeps our Encoder as `.encoder`
 
 
+HEAD_ACTIVATIONS = {"tanh": torch.tanh, "gelu": F.gelu}  # gelu: exact (erf), the authors' head
+
+
 class ClassificationHead(nn.Module):
-    def __init__(self, hidden_size: int, num_outputs: int, dropout: float):
+    def __init__(self, hidden_size: int, num_outputs: int, dropout: float, activation: str = "tanh"):
         super().__init__()
+        if activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"unknown head activation {activation!r}; expected one of {sorted(HEAD_ACTIVATIONS)}")
+        self.activation = HEAD_ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.out = nn.Linear(hidden_size, num_outputs)
         self.apply(init_weights)
 
     def forward(self, cls: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.dense(self.dropout(cls)))  # (B, H)
+        x = self.activation(self.dense(self.dropout(cls)))  # (B, H)
         return self.out(self.dropout(x))  # (B, num_outputs)
 
 
