@@ -36,8 +36,8 @@ from jobs.env import set_hermetic_env
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import PretrainConfig, available_presets, resolve, to_yaml, with_vocab_size
-from jobs.pretraining.loop import (LONG_SHARD, LoopContext, check_step_options, storage_failure_in,
-                                  train_loop_per_worker)
+from jobs.pretraining.loop import (LONG_SHARD, LoopContext, check_aux_checkpoint, check_step_options,
+                                  storage_failure_in, train_loop_per_worker)
 from jobs.ray_session import init_ray
 
 
@@ -129,17 +129,6 @@ def check_compile_toolchain(cfg: PretrainConfig) -> None:
         if needs:
             raise UserError(f"{setting} on CPU workers needs a C++ compiler for torch.compile, and {compiler!r} "
                             f"is not on PATH: install g++ (or set CXX), or --set {off}")
-
-
-def check_aux_checkpoint(cfg: PretrainConfig) -> None:
-    """converged_aux loads its auxiliary from a finished run: say which before Ray starts, not in a worker."""
-    if not cfg.objective.freeze_aux:
-        return
-    if not cfg.train.aux_checkpoint:
-        raise UserError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
-    if not (Path(cfg.train.aux_checkpoint) / "model.pt").is_file():
-        raise UserError(f"train.aux_checkpoint={cfg.train.aux_checkpoint} holds no model.pt: give the checkpoint "
-                        f"directory of a finished run (its MLflow tag {CHECKPOINT_TAG})")
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:

@@ -31,7 +31,7 @@ from model.step import (STEP_COMPILE_MODES, Interval, TrainingStep, build_optimi
 from jobs.cli import UserError
 from jobs.data.config import DataConfig
 from jobs.data.stream import pretraining_batches
-from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG, STOP_TAG
+from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, CHECKPOINT_TAG, PRECISION_TAG, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import PretrainConfig, to_yaml
@@ -58,11 +58,22 @@ def build_training(
     check_step_options(cfg)
     model = build_pretraining_model(cfg.model, cfg.objective)
     if cfg.objective.freeze_aux:
-        if not cfg.train.aux_checkpoint:
-            raise UserError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
+        check_aux_checkpoint(cfg)
         checkpoint.load_auxiliary(Path(cfg.train.aux_checkpoint), model.aux)
     optimizer, scheduler = build_optimizer(model, cfg.train, device)
     return model, optimizer, scheduler
+
+
+def check_aux_checkpoint(cfg: PretrainConfig) -> None:
+    """converged_aux loads its auxiliary from a finished run: the driver asks before Ray starts, and
+    every Ray-free caller of `build_training` (the curve probe) here."""
+    if not cfg.objective.freeze_aux:
+        return
+    if not cfg.train.aux_checkpoint:
+        raise UserError("the converged_aux variant needs --set train.aux_checkpoint=<checkpoint dir of a finished run>")
+    if not (Path(cfg.train.aux_checkpoint) / "model.pt").is_file():
+        raise UserError(f"train.aux_checkpoint={cfg.train.aux_checkpoint} holds no model.pt: give the checkpoint "
+                        f"directory of a finished run (its MLflow tag {CHECKPOINT_TAG})")
 
 
 def check_step_options(cfg: PretrainConfig) -> None:
