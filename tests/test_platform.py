@@ -47,8 +47,9 @@ MLFLOW = ROOT / "platform" / "mlflow"
 
 def test_mlflow_server_recipe_uses_a_database_and_object_store():
     start = (MLFLOW / "start.sh").read_text()
-    assert "--backend-store-uri postgresql://" in start and "--artifacts-destination s3://" in start
-    assert "--serve-artifacts" in start and "--app-name basic-auth" in start
+    assert "MLFLOW_BACKEND_STORE_URI:=postgresql://" in start and "MLFLOW_ARTIFACTS_DESTINATION:=s3://" in start
+    assert '--backend-store-uri "$MLFLOW_BACKEND_STORE_URI"' in start and "--serve-artifacts" in start
+    assert "--app-name basic-auth" in start
 
 
 def test_mlflow_recipe_pins_every_image_by_digest_and_installs_nothing_at_start():
@@ -59,19 +60,52 @@ def test_mlflow_recipe_pins_every_image_by_digest_and_installs_nothing_at_start(
     compose = yaml.safe_load(text)
     refs = [s["image"] for s in compose["services"].values() if "build" not in s]
     refs += [arg for s in compose["services"].values() if "build" in s for arg in s["build"]["args"].values()]
-    assert len(refs) == 3
+    assert len(refs) == 4
     for ref in refs:
         assert re.fullmatch(r"[\w./-]+:[\w.-]+@\$\{[A-Z]+_DIGEST:\?pin the image: set [A-Z]+_DIGEST=sha256:[^}]+\}", ref), ref
         assert ":latest" not in ref
     assert "pip install" not in text and "latest" not in text
     assert all("command" not in s or "pip" not in str(s["command"]) for s in compose["services"].values())
-    (built,) = [s for s in compose["services"].values() if "build" in s]
+    built = compose["services"]["mlflow"]
+    assert "dockerfile" not in built["build"]
     dockerfile = (MLFLOW / "Dockerfile").read_text()
     assert "FROM ${MLFLOW_BASE}" in dockerfile and "USER mlflow" in dockerfile
     (install,) = [line for line in dockerfile.splitlines() if "pip install" in line]
     packages = install.split("pip install --no-cache-dir")[1].split("\\")[0].split()
     assert packages and all(re.fullmatch(r"[\w-]+==[\d.]+", p) for p in packages), packages
     assert "pip " not in (MLFLOW / "start.sh").read_text()
+
+
+def test_mlflow_recipe_runs_a_minio_with_the_cve_2025_62506_fix_and_restarts_every_service():
+    """MinIO's last published image (RELEASE.2025-09-07T16-13-09Z) predates the fix, released in
+    RELEASE.2025-10-15T17-29-55Z as source only: the recipe builds that release, as a user without root."""
+    compose = yaml.safe_load((MLFLOW / "docker-compose.yaml").read_text())
+    minio = compose["services"]["minio"]
+    assert minio["build"]["dockerfile"] == "minio.Dockerfile"
+    dockerfile = (MLFLOW / minio["build"]["dockerfile"]).read_text()
+    (release,) = re.findall(r"^ARG MINIO_RELEASE=RELEASE\.(\S+)$", dockerfile, re.MULTILINE)
+    assert release >= "2025-10-15T17-29-55Z" and "--branch \"${MINIO_RELEASE}\"" in dockerfile
+    assert re.search(r"^USER \d+", dockerfile, re.MULTILINE) and not re.search(r"^USER (0|root)\b", dockerfile, re.MULTILINE)
+    assert all(s.get("restart") == "unless-stopped" for s in compose["services"].values())
+    documents = list(yaml.safe_load_all((MLFLOW / "kubernetes.yaml").read_text()))
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["restartPolicy"] == "Always"
+
+
+def test_the_password_rotation_the_readme_gives_is_one_mlflow_3_17_accepts():
+    """MLflow 3.17's server refuses an account changing its own password without current_password; the
+    README's command passes it, through the client's own parameter, and reads both from the terminal."""
+    import mlflow  # the auth app itself needs Flask-WTF (the server image's), so its source is read, not imported
+
+    auth = Path(mlflow.__file__).parent / "server" / "auth"
+    server = (auth / "__init__.py").read_text()
+    assert "Current password is required when changing your own password." in server
+    assert re.search(r"def update_user_password\(\s*self, username: str, password: str, current_password",
+                     (auth / "client.py").read_text())
+    readme = (MLFLOW / "README.md").read_text()
+    (call,) = [line for line in readme.splitlines() if 'c.update_user_password("admin"' in line]
+    assert "current_password=current" in call and "getpass" in call
+    assert "update_user_password('admin', '<new password>')" not in readme
 
 
 def test_mlflow_accounts_read_by_default_and_write_where_granted():
