@@ -94,6 +94,27 @@ def pretrain_in_process(capsys, monkeypatch, tmp_path: Path, args: list[str], me
     assert finished_or_failed_runs(tmp_path) == 0  # no MLflow run was made
 
 
+@pytest.mark.parametrize("preset", ["base", "study"])
+def test_a_preset_meant_for_a_real_corpus_is_refused_without_one(capsys, monkeypatch, tmp_path, preset):
+    """Every preset but tiny and study-cpu is sized for a user's corpus: without --corpus it would train on
+    the 3.4M-token demo text, silently. `--corpus shipped` asks for that text on purpose."""
+    from jobs.pretraining.job import PretrainOptions, check_corpus, main
+
+    argv = ["--preset", preset, "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    one_line_in_process(capsys, monkeypatch, tmp_path, main, argv, f"error: preset {preset} trains on your corpus")
+    check_corpus(PretrainOptions(preset=preset, corpus=("shipped",)).config())  # on purpose: accepted
+    check_corpus(PretrainOptions(preset="study-cpu").config())  # sized for the demo corpus
+
+
+def test_shipped_names_the_shipped_corpus_among_other_paths(tmp_path):
+    from jobs.data.config import DataConfig
+    from jobs.data.corpus import corpus_paths, shipped_corpus
+
+    mine = str(tmp_path / "mine.jsonl")
+    assert corpus_paths(DataConfig(paths=("shipped", mine))) == [*shipped_corpus(), mine]
+    assert corpus_paths(DataConfig(paths="shipped")) == corpus_paths(DataConfig()) == shipped_corpus()
+
+
 def test_a_tokenizer_directory_without_a_tokenizer_is_named(capsys, monkeypatch, tmp_path):
     empty = tmp_path / "tok"
     empty.mkdir()

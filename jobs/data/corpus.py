@@ -70,6 +70,9 @@ RECORD_REASONS = ("bad_utf8", "bad_json", "no_text", "empty", "too_long")
 _FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 
 
+SHIPPED = "shipped"  # a corpus path naming the shipped corpus on purpose (`--corpus shipped`)
+
+
 def shipped_corpus() -> list[str]:
     """The real corpus shipped in data/corpus (see data/README.md)."""
     return [str(p) for p in sorted(SHIPPED_CORPUS_DIR.glob("*.jsonl.gz"))]
@@ -380,6 +383,8 @@ def _documents(
 
 
 def corpus_paths(cfg: DataConfig) -> list[str]:
-    """The configured paths (a single string from a `--set data.paths=...` override too), else the shipped corpus."""
+    """The configured paths (a single string from a `--set data.paths=...` override too), `SHIPPED` standing
+    for the shipped corpus's files; none: the shipped corpus (the presets sized for it: `jobs.pretraining.job.
+    check_corpus` refuses the others)."""
     paths = [cfg.paths] if isinstance(cfg.paths, str) else list(cfg.paths)
-    return paths or shipped_corpus()
+    return [file for path in paths for file in (shipped_corpus() if path == SHIPPED else [path])] or shipped_corpus()

@@ -27,7 +27,7 @@ from model.export import export_encoder
 
 from jobs import faults, tracking
 
-from jobs.data.corpus import skip_summary
+from jobs.data.corpus import SHIPPED, skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs, ingest_config
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer
@@ -65,7 +65,7 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     check_step_options(cfg)
     check_compile_toolchain(cfg)
     check_aux_checkpoint(cfg)
-
+    check_corpus(cfg)
     check_inputs(cfg.data)  # before Ray starts
     storage = storage or tracking.default_storage()
     tracking.check_storage(storage)
@@ -129,6 +129,19 @@ def check_compile_toolchain(cfg: PretrainConfig) -> None:
         if needs:
             raise UserError(f"{setting} on CPU workers needs a C++ compiler for torch.compile, and {compiler!r} "
                             f"is not on PATH: install g++ (or set CXX), or --set {off}")
+
+
+# The presets sized for the shipped corpus (3.4M tokens of demo text): the demo and the CPU study. Every
+# other preset is meant for a user's corpus on GPUs; without --corpus it would train on the demo text.
+DEMO_CORPUS_PRESETS = ("tiny", "study-cpu")
+
+
+def check_corpus(cfg: PretrainConfig) -> None:
+    """A preset meant for a real corpus with no corpus named is refused before anything runs."""
+    if not cfg.data.paths and cfg.preset not in DEMO_CORPUS_PRESETS:
+        raise UserError(f"preset {cfg.preset} trains on your corpus: pass --corpus FILE|FOLDER|URI ... (or --set "
+                        f"data.paths=...); --corpus {SHIPPED} trains it on the shipped 3.4M-token demo corpus "
+                        f"(data/corpus) on purpose")
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:
@@ -211,7 +224,8 @@ class PretrainOptions:
     overrides: tuple[str, ...] = field(default=(), metadata=option(
         "dotted config override, e.g. train.max_steps=40 (repeatable)", flag="--set", repeat=True, metavar="KEY=VALUE"))
     corpus: tuple[str, ...] | None = field(default=None, metadata=option(
-        "files, folders, globs or URIs (default: the shipped corpus)", many=True))
+        f"files, folders, globs or URIs; '{SHIPPED}': the shipped demo corpus (the default of the presets tiny "
+        "and study-cpu, which are sized for it; the others need a corpus)", many=True))
     tokenizer: str | None = field(default=None, metadata=option(
         "tokenizer directory (default: one trained for the corpus, cached)"))
     tracking_uri: str | None = field(default=None, metadata=option(

@@ -173,6 +173,8 @@ def run(opts: AblationOptions) -> AblationResult:
     """Check every variant resolves before any compute, then pretrain (and read out) each seed's variants in order."""
     set_hermetic_env()
     configs = seed_configs(opts)  # unknown names fail here
+    for cfg in configs.values():
+        pretrain.check_corpus(cfg)
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)
