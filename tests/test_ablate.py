@@ -10,6 +10,22 @@ from jobs.studies import probe
 from jobs.studies.ablate import finished_sweep, main
 
 
+def test_a_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    import jobs.studies.ablate as ablate
+
+    monkeypatch.setattr(ablate, "_run_units", lambda *args: pytest.fail("a dry run must not run anything"))
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    result = main(["--preset", "tiny", "--variants", "cocolm,electra", "--pretraining-seeds", "2", "--tasks", "snli",
+                   "--grid", "quick", "--seeds", "1", "--dry-run"])
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        "plan: 2 variant(s) x 2 pretraining seed(s) = 4 pretraining runs of 300 steps (preset tiny), and 2 "
+        "random-init control(s); each read out",
+        "plan: each of the 6 runs swept on snli (3 grid points) x 1 seed = 3 trials (grid quick, learning rates "
+        "base); 18 trials in all",
+    ]
+    assert result.variants == [] and not (tmp_path / "home").exists()
+
+
 def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_seeds_and_label_fractions(tmp_path):
     from jobs.tracking import experiment_id
 

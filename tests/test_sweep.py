@@ -33,6 +33,25 @@ def test_bad_seed_lists_are_usage_errors_before_anything_starts(bad, capsys, mon
         SweepOptions(source="last", seeds=())
 
 
+def test_a_dry_run_prints_the_plan_first_and_runs_nothing(tmp_path, exported, capsys, monkeypatch):
+    """The plan line (what a sweep also prints first) after the encoder, data and grid are checked; no Ray,
+    no MLflow experiment or run."""
+    from jobs.finetuning import sweep
+
+    monkeypatch.setattr(sweep, "_tune", lambda *args: pytest.fail("a dry run must not start trials"))
+    tracking_uri = f"sqlite:///{tmp_path}/m.db"
+    result = sweep.main(["--from", str(exported), "--tasks", "snli", "--grid", "quick", "--seeds", "5",
+                         "--label-fractions", "0.1,1.0", "--tracking-uri", tracking_uri,
+                         "--storage", str(tmp_path / "ray"), "--dry-run"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == ("plan: snli:0.1 (3 grid points), snli (3 grid points) x 5 seeds = 30 trials "
+                     "(grid quick, learning rates base)")
+    assert result.tables is None and result.trials_run == 0
+    from mlflow.tracking import MlflowClient
+
+    assert [e.name for e in MlflowClient(tracking_uri).search_experiments()] in ([], ["Default"])
+
+
 # ----------------------------------------------------------------------------- the sweep on Ray Tune
 
 

@@ -4,7 +4,10 @@
         [--grid paper|quick|GRID.yaml] [--seeds 5] [--tracking-uri URI] [--data-dir DIR]
         [--max-train N] [--max-dev N] [--max-length N] [--kind classification|regression]
         [--lr-set base|large++] [--cpus-per-trial C] [--gpus-per-trial G] [--max-failures N]
-        [--label-fractions 0.01,0.1,0.2,1.0] [--experiment NAME] [--storage DIR] [--name NAME]
+        [--label-fractions 0.01,0.1,0.2,1.0] [--experiment NAME] [--storage DIR] [--name NAME] [--dry-run]
+
+Its first line is the plan: per task the grid points, the seeds and the trials; `--dry-run` prints it
+(and the data notes) once the encoder, the data and the grid are checked, and runs nothing.
 
 `--from` is a pretraining MLflow run id (its exported "encoder" artifact), an exported encoder
 directory, or a pretraining checkpoint directory. Every (grid point, seed) is one Tune trial
@@ -129,6 +132,8 @@ class SweepOptions:
     storage: str | None = field(default=None, metadata=option(
         "Tune storage: local dir or URI (default: $COCOLM_HOME/ray_results)"))
     name: str | None = field(default=None, metadata=option("the sweep's MLflow parent run name"))
+    dry_run: bool = field(default=False, metadata=option(
+        "print the plan (tasks, grid points, seeds, trials) after checking the encoder, data and grid; run nothing"))
 
     def __post_init__(self) -> None:
         check_seeds(self.seeds)
@@ -137,7 +142,7 @@ class SweepOptions:
 @dataclass(frozen=True)
 class SweepResult:
     run_id: str  # the parent MLflow run
-    tables: SweepTables  # every trial, every grid point, the best points, the task table
+    tables: SweepTables | None  # every trial, every grid point, the best points, the task table; None: a dry run
     trials_run: int = 0  # the trials this command ran (fewer than the tables hold when it resumed a parent)
 
 
@@ -168,10 +173,13 @@ def run(opts: SweepOptions) -> SweepResult:
     storage = opts.storage or tracking.default_storage()
     tracking.check_storage(storage)
     client = MlflowClient(tracking_uri)
-    experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)  # the driver creates store + experiment
     with tempfile.TemporaryDirectory(prefix="cocolm-sweep-") as workdir:  # the downloaded encoder: read, then gone
         plan = _plan(opts, grid, client, tracking_uri, Path(workdir))
+    print(plan_line(plan.points, opts.seeds, grid.name, plan.params["lr_set"]), flush=True)
     print(plan.notes, flush=True)
+    if opts.dry_run:
+        return SweepResult("", None, trials_run=0)
+    experiment_id = tracking.experiment_id(client, opts.experiment, tracking_uri)  # the driver creates store + experiment
     configs = [{"point": p, "seed": s} for p in plan.points for s in opts.seeds]
     # One command per sweep, with the lock pretraining runs use: named by what the sweep is and taken before
     # its parent is looked up, so a second command never resumes a parent that a live one is running.
@@ -292,6 +300,17 @@ def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: st
               "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
               "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
     return _Plan(encoder, pretraining_run, encoded, points, params, _describe(trained, encoded))
+
+
+def plan_line(points: list[dict[str, Any]], seeds: tuple[int, ...], grid: str, lr_set: str) -> str:
+    """The sweep in one line, its first: per target (task, or task:fraction) the grid points, then seeds and trials."""
+    per_target: dict[str, int] = {}
+    for point in points:
+        target = fraction_target(point["task"], point["label_fraction"])
+        per_target[target] = per_target.get(target, 0) + 1
+    targets = ", ".join(f"{target} ({n} grid point{'s' * (n != 1)})" for target, n in per_target.items())
+    return (f"plan: {targets} x {len(seeds)} seed{'s' * (len(seeds) != 1)} = {len(points) * len(seeds)} trials "
+            f"(grid {grid}, learning rates {lr_set})")
 
 
 def _pick(override: int | None, default: int) -> int:

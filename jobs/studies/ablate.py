@@ -4,7 +4,11 @@
         [--set key.sub=value ...] [--tasks snli|glue|squad_v2|rte,mrpc] [--data-dir DIR] [--grid quick] [--seeds 5] [--max-train N] [--max-dev N]
         [--label-fractions 0.01,0.1,0.2,1.0]
         [--represent-pairs 500] [--probe-pairs 10000] [--no-control] [--concurrent-runs K] [--tracking-uri URI] [--storage URI]
-        [--experiment NAME]
+        [--experiment NAME] [--dry-run]
+
+Its first lines are the plan (the pretraining runs and controls; with --tasks, each run's sweep and the
+trials in all); `--dry-run` prints them once the configs, the corpus and the tasks are checked, and runs
+nothing.
 
 The pretraining run is the unit of replication: `--pretraining-seeds N` pretrains every variant N times,
 with seeds 0..N-1 for initialisation, corruption and data order together (`train.seed` and `data.seed`),
@@ -61,7 +65,8 @@ from jobs.pretraining import job as pretrain
 from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, comma_list, option, parse_options, run_main
 from jobs.env import set_hermetic_env
 from jobs.finetuning.grid import load_grid
-from jobs.finetuning.sweep import SweepOptions
+from jobs.finetuning.sweep import SweepOptions, plan_line
+from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.sweep import run as run_sweep
 from jobs.names import (COMPARABLE_METRICS, GATE_TAG, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
                         RANDOM_INIT_VARIANT, REPRESENT_METRICS, STOP_TAG)
@@ -121,6 +126,8 @@ class AblationOptions:
     storage: str | None = field(default=None, metadata=option(
         "checkpoint storage (default: $COCOLM_HOME/ray_results)"))
     experiment: str | None = field(default=None, metadata=option("MLflow experiment (default: ablation-<preset>)"))
+    dry_run: bool = field(default=False, metadata=option(
+        "print the plan (pretraining runs, controls, trials) after checking the configs, corpus and tasks; run nothing"))
 
     @property
     def experiment_name(self) -> str:
@@ -175,6 +182,9 @@ def run(opts: AblationOptions) -> AblationResult:
     configs = seed_configs(opts)  # unknown names fail here
     for cfg in configs.values():
         pretrain.check_corpus(cfg)
+    print("\n".join(plan_lines(opts, configs)), flush=True)
+    if opts.dry_run:
+        return AblationResult(opts.experiment_name, "", [])
     tracking_uri = opts.tracking_uri or tracking.default_tracking_uri()
     tracking.check_tracking(tracking_uri)
     client = MlflowClient(tracking_uri)
@@ -196,6 +206,25 @@ def run(opts: AblationOptions) -> AblationResult:
     print(comparable_metrics(client, results))
     print(tracking.ui_links(tracking_uri, experiment_id, compare=[r.pretraining_run for r in results]))
     return AblationResult(opts.experiment_name, tracking_uri, results)
+
+
+def plan_lines(opts: AblationOptions, configs: dict[tuple[int, str], PretrainConfig]) -> list[str]:
+    """The study in a line or two, first: its pretraining runs and controls, and with --tasks every run's sweep."""
+    seeds = sorted({seed for seed, _ in configs})
+    controls = len(seeds) if opts.control else 0
+    steps = sorted({cfg.train.max_steps for cfg in configs.values()})
+    lines = [f"plan: {len(opts.variants)} variant(s) x {len(seeds)} pretraining seed(s) = {len(configs)} pretraining "
+             f"runs of {'/'.join(map(str, steps))} steps (preset {opts.preset}), and {controls} random-init "
+             f"control(s); each read out"]
+    if opts.tasks:
+        grid = load_grid(opts.grid)
+        lr_set = grid.lr_set(None, opts.preset)
+        points = [{**point, "label_fraction": fraction} for task in load_tasks(opts.tasks, opts.data_dir)
+                  for fraction in opts.label_fractions for point in grid.points(task.spec.name, lr_set)]
+        per_run = plan_line(points, opts.seeds, grid.name, lr_set).removeprefix("plan: ")
+        total = (len(configs) + controls) * len(points) * len(opts.seeds)
+        lines.append(f"plan: each of the {len(configs) + controls} runs swept on {per_run}; {total} trials in all")
+    return lines
 
 
 def readout_lengths(opts: AblationOptions) -> dict[str, int]:
