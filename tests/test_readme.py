@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# The README and the reference pages its journeys link: their commands are checked alike.
+DOCUMENTS = ("README.md", "docs/pretraining.md", "docs/finetuning.md", "docs/studies.md", "docs/gpu.md",
+             "docs/cluster.md", "docs/code.md")
+README = "\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 
 # Each README command (a line of a shell block, continuations joined, comments dropped), by the regex
 # that recognises it, with who runs it. "run here" ones run below in a fresh folder, as written.
@@ -25,9 +28,20 @@ COMMANDS = {
     r"jobs\.pretraining --preset tiny|^ray job logs":
         "tests/test_pretrain.py::test_ray_job_submit_end_to_end (the local cluster flow)",
     r"^ray stop$": "Ray's own command; that test ends only the Ray it started (`ray stop` ends every Ray of the user)",
-    r"^\(umask 077 && mkdir -p ~/\.ray|^ray up cluster\.yaml|^ray dashboard cluster\.yaml|"
-    r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env":
-        "needs a cloud account (cluster.yaml); tests/test_platform.py checks the files",
+    r"^\(umask 077 && mkdir -p ~/\.ray|^ray up cluster\.yaml|^ray dashboard cluster\.yaml|^ray down cluster\.yaml|"
+    r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env|"
+    r"^\(umask 077 && cp platform/runtime_env\.yaml|^python -m jobs\.preflight --strict|^pip install -e '\.\[aws\]'|"
+    r"^V=\$\(python -c|^REGISTRY=|^docker build|^aws ecr|^STORAGE_BUCKET=|^kubectl ":
+        "needs Docker or a cloud account (docs/cluster.md); tests/test_preflight.py and tests/test_platform.py check "
+        "the files",
+    r"^python -m jobs\.pretraining --preset (tiny --variant cocolm|study-cpu --variant electra)":
+        "tests/test_pretrain.py runs the job on the tiny preset; the demo runs this command",
+    r"^python -m jobs\.finetuning --from last --tasks snli --grid quick --seeds 5 --dry-run":
+        "tests/test_sweep.py::test_a_dry_run_prints_the_plan_first_and_runs_nothing",
+    r"^python -m jobs\.finetuning --from RUN_ID --tasks glue --grid paper":
+        "needs GLUE's files and GPU-hours; tests/test_readers.py reads GLUE's layouts",
+    r"^python -m jobs\.finetuning --from last --tasks my_task\.jsonl":
+        "tests/test_sweep.py::test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow (a user task file)",
     r"^python -m jobs\.studies\.ablate --preset study-cpu|^python -m analysis\.report --experiment ablation-study-cpu|"
     r"^python -m analysis\.report --experiment recipe-seq32-(gate|long64)":
         "the CPU studies: hours on 2 cores; their output is committed in docs/measurements/",
