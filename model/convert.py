@@ -22,6 +22,7 @@ mis-shaped key, a config field the platform cannot honour, a vocabulary that is 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -327,6 +328,29 @@ def to_official(source: str | Path, out: str | Path) -> Path:
 
 
 # ---------------------------------------------------------------- shared
+
+
+def is_official(directory: str | Path) -> bool:
+    """Whether `directory` looks like an authors' checkpoint: their config field names, their tokenizer files."""
+    folder = Path(directory)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and "num_hidden_layers" in config
+            and all((folder / name).is_file() for name in TOKENIZER_FILES))
+
+
+def content_key(directory: str | Path) -> str:
+    """sha256 (16 hex digits) of what a conversion reads: a converted directory can be reused by this key."""
+    folder, digest = Path(directory), hashlib.sha256()
+    for name in ("config.json", *WEIGHT_FILES, *TOKENIZER_FILES):
+        if (folder / name).is_file():
+            digest.update(name.encode() + b"\0")
+            with open(folder / name, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def check_out(out: Path) -> None:

@@ -140,3 +140,36 @@ def test_the_tokens_command_runs_as_a_module_and_names_a_bad_directory(tmp_path)
     assert ok.returncode == 0 and json.loads(ok.stdout.strip().splitlines()[-1]) == BY_ID["t00"]["input_ids"]
     bad = subprocess.run([*run, str(tmp_path), "--text", "x"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.startswith(f"error: {tmp_path} holds no tokenizer")
+
+
+# ---------------------------------------------------------------- fine-tuning from the authors' directory
+
+
+def test_fine_tuning_from_an_authors_directory_converts_it_once_into_the_run_storage(tmp_path, capsys):
+    from jobs.finetuning.encoders import resolve_encoder
+    from model.classifier import load_encoder
+
+    encoder = resolve_encoder(str(FIXTURE), None, tmp_path)
+    assert "the authors' checkpoint, converted into" in capsys.readouterr().out
+    converted = encoder.tokenizer_dir
+    assert converted.parent == tmp_path / "official" and scheme_of(converted) == "official"
+    assert encoder.cfg == load_encoder(converted).cfg and encoder.cfg.token_padding_idx == 0
+    again = resolve_encoder(str(FIXTURE), None, tmp_path)  # the same content: reused, not converted again
+    assert again.tokenizer_dir == converted and capsys.readouterr().out == ""
+    assert all(torch.equal(again.state[k], v) for k, v in encoder.state.items())
+
+
+def test_a_pair_task_encodes_with_the_authors_ids_and_their_tie_rule(tmp_path, official):
+    from jobs.finetuning.encoding import encode_task
+    from jobs.finetuning.tasks.glue import read_glue_task
+    from test_readers import write_glue
+
+    write_glue(tmp_path, n=4)
+    task = read_glue_task("rte", tmp_path)
+    encoded = encode_task(task, FIXTURE, max_length=64)
+    assert encoded.pad_id == 1
+    first = encoded.train.ids[encoded.train.offsets[0]:encoded.train.offsets[1]].tolist()
+    assert first == official.encode(task.train.text[0], task.train.text_pair[0], 64)
+    short = encode_task(task, FIXTURE, max_length=8)
+    assert short.train.lengths().max() <= 8 and short.truncated["train"] == len(task.train)
+    assert official.layout([10, 11], [20, 21], 7)[0] == [0, 10, 11, 2, 2, 20, 2]  # a tie: the second text is cut

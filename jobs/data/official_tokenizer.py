@@ -93,10 +93,14 @@ class OfficialTokenizer:
 
     def encode(self, text: str, pair: str | None = None, max_length: int = 512) -> list[int]:
         """What the model reads for `text` (and `pair`), at most `max_length` ids."""
-        a = self.ids(text)
-        if pair is None:
-            return [self.cls_id, *a[: max(max_length - 2, 0)], self.sep_id]
-        b = self.ids(pair)
+        return self.layout(self.ids(text), None if pair is None else self.ids(pair), max_length)[0]
+
+    def layout(self, a: list[int], b: list[int] | None, max_length: int) -> tuple[list[int], bool]:
+        """The special tokens around a text's ids (and a pair's), cut to `max_length`; and whether it was cut."""
+        if b is None:
+            body = max(max_length - 2, 0)
+            return [self.cls_id, *a[:body], self.sep_id], len(a) > body
+        a, b, cut = list(a), list(b), len(a) + len(b) > max_length - 4
         while len(a) + len(b) > max_length - 4 and (a or b):
-            (a if len(a) > len(b) else b).pop()
-        return [self.cls_id, *a, self.sep_id, self.sep_id, *b, self.sep_id]
+            (a if len(a) > len(b) else b).pop()  # the longer side; the second on a tie
+        return [self.cls_id, *a, self.sep_id, self.sep_id, *b, self.sep_id], cut

@@ -1,5 +1,6 @@
-"""The encoder a sweep or a few-shot study fine-tunes: from a pretraining run in MLflow, a checkpoint or an
-exported encoder.
+"""The encoder a sweep or a few-shot study fine-tunes: from a pretraining run in MLflow, a checkpoint, an
+exported encoder, or the authors' released checkpoint directory (converted by `model.convert` into the run's
+storage, once per content).
 
 Resolved on the driver (`resolve_encoder`); trials receive the resulting `PretrainedEncoder` (weights as a
 state dict).
@@ -16,8 +17,10 @@ from mlflow.tracking import MlflowClient
 
 from model import Encoder, EncoderConfig
 from model.classifier import lm_head, lm_head_parts, load_encoder, load_lm_head
+from model.convert import ConversionError, content_key, from_official, is_official
 
 from jobs.cli import UserError
+from jobs.data.schemes import scheme_of
 from jobs.names import KIND_PRETRAINING, KIND_TAG
 from jobs.pretraining import checkpoint
 
@@ -74,12 +77,15 @@ def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) 
     `last` for the newest finished pretraining run there."""
     path = Path(source)
     if path.is_dir():
+        if is_official(path):
+            return _exported(converted_official(path, workdir), source)
         if (path / "model.pt").is_file():
             return encoder_from_checkpoint(path)
         if (path / "model.safetensors").is_file():
             return _exported(path, source)
-        raise UserError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/) "
-                                f"nor an exported encoder (config.json, model.safetensors)")
+        raise UserError(f"{path} is neither a pretraining checkpoint (model.pt, config.yaml, tokenizer/), "
+                        f"an exported encoder (config.json, model.safetensors) nor the authors' checkpoint "
+                        f"(config.json, pytorch_model.bin or model.safetensors, sp.model, dict.txt)")
     client = MlflowClient(tracking_uri)
     if source == LATEST:
         source = latest_pretraining_run(client)
@@ -95,11 +101,23 @@ def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) 
                      variant=run.data.tags.get("variant", ""))
 
 
+def converted_official(directory: Path, workdir: str | Path) -> Path:
+    """The authors' checkpoint `directory` as a platform encoder directory under `workdir`, converted once
+    per content (`model.convert.content_key`): a second sweep from the same files reuses it."""
+    out = Path(workdir) / "official" / content_key(directory)
+    if not out.is_dir():
+        try:
+            from_official(directory, out)
+        except ConversionError as error:
+            raise UserError(str(error)) from None
+        print(f"--from {directory}: the authors' checkpoint, converted into {out}", flush=True)
+    return out
+
+
 def _exported(directory: Path, source: str, pretraining_run: str = "", preset: str = "",
               variant: str = "") -> PretrainedEncoder:
     encoder = load_encoder(directory)
-    if not (directory / "tokenizer.json").is_file():
-        raise UserError(f"{directory} has no tokenizer.json: export the encoder with its tokenizer_dir")
+    scheme_of(directory)  # a UserError when the export came without its tokenizer
     head = load_lm_head(directory, encoder)
     return PretrainedEncoder(encoder.cfg, encoder.state_dict(), directory, source, pretraining_run, preset, variant,
                              **_lm_head_fields(head))

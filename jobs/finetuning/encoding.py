@@ -13,6 +13,8 @@ import torch
 from tokenizers import Tokenizer
 
 from jobs.cli import UserError
+from jobs.data.official_tokenizer import OfficialTokenizer
+from jobs.data.schemes import scheme_of
 from jobs.data.tokens import load_tokenizer
 
 from jobs.finetuning.tasks.specs import TaskSpec
@@ -52,7 +54,10 @@ class EncodedTask:
 def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int, doc_stride: int = 128,
                 max_question_length: int = 64) -> EncodedTask:
     """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
-    (docs/method.md section 7.1); a span task's questions in windows (`doc_stride`, `max_question_length`)."""
+    (docs/method.md section 7.1); a span task's questions in windows (`doc_stride`, `max_question_length`).
+    With the authors' tokenizer scheme (`jobs.data.schemes`), as their code encodes (`encode_official`)."""
+    if scheme_of(tokenizer_dir) == "official":
+        return encode_official(task, OfficialTokenizer(tokenizer_dir), max_length)
     tokenizer = load_tokenizer(tokenizer_dir)
     special = special_ids(tokenizer, tokenizer_dir)
     dtype = np.int64 if task.spec.kind == "classification" else np.float32
@@ -65,6 +70,29 @@ def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int, doc_stri
     return EncodedTask(
         task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
         encoded["test"][0] if task.test is not None else None, special["[PAD]"], max_length,
+        {name: cut for name, (_, cut) in encoded.items()},
+    )
+
+
+def encode_official(task: Task, tokenizer: OfficialTokenizer, max_length: int) -> EncodedTask:
+    """A sentence(-pair) task with the authors' tokenizer: their pieces, ids and pair cut (ties cut the
+    second text, not the first as `encode_split`). Span tasks need character offsets this scheme does not
+    keep: refused, naming the task."""
+    if task.spec.kind == "span":
+        raise UserError(f"{task.spec.display}: a span task with the authors' tokenizer (sp.model + dict.txt) "
+                        f"is not supported yet; sentence(-pair) tasks are")
+    dtype = np.int64 if task.spec.kind == "classification" else np.float32
+    splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
+    encoded = {}
+    for name, split in splits.items():
+        pairs = split.text_pair if split.text_pair is not None else [None] * len(split.text)
+        laid = [tokenizer.layout(tokenizer.ids(a), None if b is None else tokenizer.ids(b), max_length)
+                for a, b in zip(split.text, pairs)]
+        encoded[name] = (ragged([ids for ids, _ in laid], np.asarray(split.labels, dtype=dtype)),
+                         sum(cut for _, cut in laid))
+    return EncodedTask(
+        task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
+        encoded["test"][0] if task.test is not None else None, tokenizer.pad_id, max_length,
         {name: cut for name, (_, cut) in encoded.items()},
     )
 
