@@ -104,6 +104,28 @@ def test_every_document_the_repository_cites_is_in_it():
     assert problems == [], "\n".join(problems)
 
 
+# A repository path as the documents cite one; placeholders (NAME, <id>, globs) are no paths.
+CITED_PATH = re.compile(r"(?<![\w/.-])((?:docs|platform|jobs|model|bench|tests|analysis|data)/[\w./+-]*[\w/])")
+PLACEHOLDER = re.compile(r"[A-Z]{3,}|[*<{]")
+USER_MADE = re.compile(r"\.private\.yaml$|/\.env$")  # files a user creates from a recipe, never committed
+
+
+def test_every_file_the_documents_cite_exists():
+    """The README and docs/*.md name files and folders of the repository (`platform/presets/...`,
+    `docs/measurements/...`): a renamed or moved one is a dead reference for a reader."""
+    problems = []
+    for document in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate((ROOT / document).read_text().splitlines(), start=1):
+            for cited in CITED_PATH.findall(line):
+                path = cited.rstrip(".")
+                if PLACEHOLDER.search(path) or USER_MADE.search(path):
+                    continue
+                module_attribute = path.endswith(tuple(f".{w}" for w in re.findall(r"\.(\w+)$", path) if w != "py"))
+                if not (ROOT / path).exists() and not (module_attribute and (ROOT / path.rsplit(".", 1)[0]).with_suffix(".py").exists()):
+                    problems.append(f"{document}:{number}: {cited}")
+    assert problems == [], "\n".join(problems)
+
+
 def test_every_module_imports_at_the_top():
     """Dependencies are visible at the top of each file: only the optional packages (datasets for GLUE
     from the hub, matplotlib for figures) are imported inside functions."""
