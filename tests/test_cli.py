@@ -115,6 +115,19 @@ def test_shipped_names_the_shipped_corpus_among_other_paths(tmp_path):
     assert corpus_paths(DataConfig(paths="shipped")) == corpus_paths(DataConfig()) == shipped_corpus()
 
 
+def test_a_local_storage_without_room_for_one_checkpoint_is_refused_before_ray(capsys, monkeypatch, tmp_path):
+    """tiny's checkpoint is about 4 MiB (weights and AdamW's moments): a storage with 1 MiB free would train
+    to its first checkpoint and fail there."""
+    import shutil
+
+    from jobs.pretraining.job import PretrainOptions, checkpoint_bytes
+
+    assert 2**20 < checkpoint_bytes(PretrainOptions().config()) < 64 * 2**20
+    monkeypatch.setattr("jobs.pretraining.job.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(1, 0, 2**20))
+    pretrain_in_process(capsys, monkeypatch, tmp_path, ["--storage", str(tmp_path / "small")],
+                        f"error: storage {tmp_path / 'small'} has 1.0 MiB free, less than one checkpoint")
+
+
 def test_a_tokenizer_directory_without_a_tokenizer_is_named(capsys, monkeypatch, tmp_path):
     empty = tmp_path / "tok"
     empty.mkdir()

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray.train
+import torch
 from mlflow.tracking import MlflowClient
 from ray.train.torch import TorchTrainer
 
+from model import build_pretraining_model
 from model.export import export_encoder
 
 from jobs import faults, tracking
@@ -70,6 +72,7 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     storage = storage or tracking.default_storage()
     tracking.check_storage(storage)
     cfg = with_vocab_size(cfg, _expected_vocab_size(cfg))  # the run's name and params hold it
+    check_storage_room(storage, cfg)
     run_name = name or f"{cfg.preset}-{cfg.variant}-{cfg.digest()}"
     with tracking.holding_run(storage, run_name):
         client = MlflowClient(tracking_uri)
@@ -129,6 +132,26 @@ def check_compile_toolchain(cfg: PretrainConfig) -> None:
         if needs:
             raise UserError(f"{setting} on CPU workers needs a C++ compiler for torch.compile, and {compiler!r} "
                             f"is not on PATH: install g++ (or set CXX), or --set {off}")
+
+
+def checkpoint_bytes(cfg: PretrainConfig) -> int:
+    """About what one checkpoint of this run takes: the weights and AdamW's two moments, fp32 each
+    (the model counted on the meta device, nothing allocated)."""
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in build_pretraining_model(cfg.model, cfg.objective).parameters())
+    return 3 * 4 * parameters
+
+
+def check_storage_room(storage: str, cfg: PretrainConfig) -> None:
+    """A local storage without room for one checkpoint is refused before Ray starts: the run would train
+    to its first checkpoint and fail there (a cloud URI's room is not known in advance)."""
+    if "://" in storage and not storage.startswith("file://"):
+        return
+    free, needed = shutil.disk_usage(Path(storage.removeprefix("file://")).expanduser()).free, checkpoint_bytes(cfg)
+    if free < needed:
+        raise UserError(f"storage {storage} has {free / 2**20:,.1f} MiB free, less than one checkpoint of this run "
+                        f"(about {needed / 2**20:,.1f} MiB: the weights and AdamW's moments); free space or choose "
+                        f"another --storage")
 
 
 # The presets sized for the shipped corpus (3.4M tokens of demo text): the demo and the CPU study. Every
