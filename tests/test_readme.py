@@ -40,6 +40,12 @@ COMMANDS = {
         "tests/test_sweep.py::test_a_dry_run_prints_the_plan_first_and_runs_nothing",
     r"^python -m jobs\.finetuning --from RUN_ID --tasks glue --grid paper":
         "needs GLUE's files and GPU-hours; tests/test_readers.py reads GLUE's layouts",
+    r"^python -m model\.convert --(from|to)-official cocolm-base":
+        "tests/test_convert.py converts the fixture's authors' directory both ways",
+    r"^python -m jobs\.data\.tokens cocolm-base-platform":
+        "tests/test_official_tokenizer.py runs the command on the fixture's tokenizer",
+    r"^python -m jobs\.finetuning --from cocolm-base --tasks rte":
+        "needs the released checkpoint (a download) and GLUE; tests/test_encoders.py takes the fixture's folder through --from",
     r"^python -m jobs\.finetuning --from last --tasks my_task\.jsonl":
         "tests/test_sweep.py::test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow (a user task file)",
     r"^python -m jobs\.studies\.ablate --preset study-cpu|^python -m analysis\.report --experiment ablation-study-cpu|"
@@ -110,7 +116,8 @@ def test_every_readme_command_is_run_by_a_test_or_says_why_not():
 
 
 # The function behind each `python -m` package (its __main__ calls it; importing a __main__ would run it).
-PACKAGE_MAIN = {"jobs.pretraining": "jobs.pretraining.job", "jobs.finetuning": "jobs.finetuning.sweep"}
+PACKAGE_MAIN = {"jobs.pretraining": "jobs.pretraining.job", "jobs.finetuning": "jobs.finetuning.sweep",
+                "jobs.data.tokens": "jobs.data.tokens.__main__"}
 
 
 def help_text(module: str, capsys) -> str:
