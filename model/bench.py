@@ -40,7 +40,7 @@ peer (the goal beyond that: 45%).
 
 'auto' runs flex on CUDA while no attention dropout is active and SDPA otherwise: measured faster on
 an H100 than our fused Triton kernel (`model.kernels.attention`), which `--attention triton` runs;
-where the kernel fails its probe, that shape runs what 'auto' picks (see `model.attention`). The line
+where the kernel fails its probe, that shape runs what 'auto' picks (see `model.backends`). The line
 `attention` after our side names what ran, per kind of pass,
 after any fallback, and every fallback with its shape and cause. --compiles prints, without running
 anything on a device, how many Triton kernel variants a process compiles before its first step
@@ -92,10 +92,10 @@ from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gpu_report
-from .attention import (
-    ATTENTION_CHOICES, RelativePositionBias, device_flex_options, flex_bias, flex_relative_attention,
-    fused_relative_attention, kernel_variants, planning, resolve_attention,
-)
+from .attention import ATTENTION_CHOICES, RelativePositionBias
+from .backends import BACKENDS, resolve_attention
+from .backends.flex import device_flex_options, flex_bias, flex_relative_attention
+from .backends.fused import kernel_variants
 from .config import EncoderConfig, ModelConfig, ObjectiveConfig, model_size
 from .corruption import SpecialTokens, make_pretraining_batch, sample_replacements
 from .encoder import Encoder, attention_fallbacks, attention_ran, compile_encoders
@@ -340,7 +340,7 @@ def attention_alone(
         return call
 
     sides = {
-        "triton (ours), bias by distance": lambda: fused_relative_attention(q, k, v, table, None, dropout_p),
+        "triton (ours), bias by distance": lambda: kernels.relative_attention(q, k, v, table, None, dropout_p),
         "sdpa memory-efficient, bias (1, h, T, T)": sdpa(SDPBackend.EFFICIENT_ATTENTION, dense),
         "sdpa flash, no bias (the ELECTRA peer's)": sdpa(SDPBackend.FLASH_ATTENTION, None),
     }
@@ -408,7 +408,7 @@ def attention_ops(preset: str, seq_len: int, batch: int, dropout_p: float, devic
 
     def call() -> torch.Tensor:
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        return fused_relative_attention(q, k, v, table, None, dropout_p, every=every)
+        return kernels.relative_attention(q, k, v, table, None, dropout_p, every=every)
 
     call().float().sum().backward()  # tuned and compiled before counting
     qkv.grad = table.grad = None  # so that the counted backward hands its gradients over, adding nothing
@@ -481,14 +481,14 @@ def kernel_compiles(preset: str, seq_len: int, variant_name: str = "cocolm",
     """(the attention shapes, the Triton kernel variants) one process compiles before its first step of
     this preset, as `TrainingStep.warm_up` probes and tunes them: the shapes are those one forward of the
     step meets (a training pass per sequence length, the sampling pass), found on the CPU without running
-    the kernel (`model.attention.planning`; one sequence, as the batch size changes neither), the variants
-    counted from them (`model.attention.kernel_variants`)."""
+    the kernel (`model.backends.KernelProbes.planning`; one sequence, as the batch size changes neither), the variants
+    counted from them (`model.backends.fused.kernel_variants`)."""
     model_cfg, objective_cfg, crop_fraction = bench_config(preset, variant_name, attention_dropout)
     model = build_pretraining_model(model_cfg, objective_cfg).train()
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         encoder.set_attention("triton")
     data = to_device(random_batch(1, seq_len, model_cfg.vocab_size, crop_fraction), torch.device("cpu"), MASK_RATE)
-    with planning() as shapes:
+    with BACKENDS.probes.planning() as shapes:
         model(data)
     return shapes, kernel_variants(shapes)
 

@@ -8,27 +8,34 @@ shared as in the authors' code; ELECTRA's narrower auxiliary reaches them throug
 
 from __future__ import annotations
 
+import importlib
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention import (
-    PROBE_BLOCKS, FlexBias, RelativePositionBias, SelfAttention, TritonBias, TritonShape, attention_bias,
-    check_attention_choice, compute_dtype, device_flex_options, fallback_attention, flex_bias, flex_failure,
-    flex_works, planned, probe_flex, probe_triton, resolve_attention, triton_bias, triton_failures, triton_probed,
-    triton_works,
+    AttentionPass, DenseAttention, RelativePositionBias, SelfAttention, check_attention_choice, compute_dtype,
+    sdpa_attention,
 )
 from .config import EncoderConfig
 
 
-# Where compiled flex and the Triton kernel can fail to build (tiles, shared memory, a Triton version)
-# and are probed before first use.
-PROBED_DEVICE_TYPES = ("cuda",)
+def _attention_backends() -> DenseAttention:
+    """`model.backends.BACKENDS`, every attention implementation with its probes and fallbacks; or, where
+    this file runs without the subpackage, the dense implementations alone: an exported encoder
+    (model.export) carries this file but not model.backends, as transformers copies remote code as flat
+    modules and follows flat relative imports only. Imported by name for that reason."""
+    try:
+        return importlib.import_module(".backends", __package__).BACKENDS
+    except ModuleNotFoundError as error:
+        if error.name != f"{__package__}.backends":
+            raise
+        return DenseAttention()
 
 
-def probes_attention(device: torch.device) -> bool:
-    """Whether attention kernels are probed before they run on `device` (`PROBED_DEVICE_TYPES`)."""
-    return device.type in PROBED_DEVICE_TYPES
+ATTENTION = _attention_backends()  # the interface every encoder pass calls
 
 
 # The kinds of pass an encoder records the attention of (`Encoder.attention_ran`): with gradients
@@ -90,13 +97,12 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | FlexBias | TritonBias | None, implementation: str = "sdpa"
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: object, attend: Callable[..., torch.Tensor] = sdpa_attention) -> torch.Tensor:
+        """`bias` and `attend`: the pass's attention (`model.attention.SelfAttention`)."""
         if self.pre_layer_norm:
-            x = x + self.dropout(self.attention(self.attention_norm(x), bias, implementation))
+            x = x + self.dropout(self.attention(self.attention_norm(x), bias, attend))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))
-        x = self.attention_norm(x + self.dropout(self.attention(x, bias, implementation)))
+        x = self.attention_norm(x + self.dropout(self.attention(x, bias, attend)))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
 
 
@@ -118,7 +124,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
         # Pre-LN leaves the residual stream unnormalised: the heads expect normalised states.
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
-        self.attention_implementation = "auto"  # a choice, resolved per forward: see model.attention
+        self.attention_implementation = "auto"  # a choice, resolved per pass by `ATTENTION.choose`
         # What ran, after any fallback: the last implementation of passes with gradients ("training")
         # and without ("no-grad"); `python -m model.bench` reports it.
         self.attention_ran: dict[str, str] = {}
@@ -144,59 +150,19 @@ class Encoder(nn.Module):
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)  # (B, T, H)
         batch, seq_len = input_ids.shape
-        dropout_active = self.training and self.cfg.attention_dropout > 0
-        implementation = resolve_attention(self.attention_implementation, x.device, dropout_active)
-        dtype = compute_dtype(x)  # q's dtype: bf16 under autocast while x stays fp32
+        dropout_p = self.cfg.attention_dropout if self.training and self.cfg.attention_dropout > 0 else 0.0
         padding = None if all_real else attention_mask.bool()
-        if implementation == "triton" and not self._triton_runs(x.device, dtype, dropout_active, batch, seq_len,
-                                                                padding is not None):
-            implementation = fallback_attention(x.device, dropout_active)
-        if implementation == "flex" and not self._flex_runs(x.device, dtype):
-            implementation = "sdpa"
+        relative = self.relative_bias
+        reach = min(relative.saturation, seq_len - 1) if relative is not None else 0
+        request = AttentionPass(x.device, self.cfg.num_heads, self.cfg.head_dim, compute_dtype(x), relative is not None,
+                                seq_len, padding is not None, dropout_p, torch.is_grad_enabled(), batch, reach)
+        implementation = ATTENTION.choose(self.attention_implementation, request)
         self.attention_ran[PASS_KINDS[0] if torch.is_grad_enabled() else PASS_KINDS[1]] = implementation
-        if implementation == "triton":
-            # the bias per distance, (h, 2S + 1): no (h, T, T) lookup at all
-            distance_bias = self.relative_bias.by_distance(seq_len) if self.relative_bias is not None else None
-            bias = triton_bias(distance_bias, padding, None if torch.is_grad_enabled() else PROBE_BLOCKS, seq_len)
-        else:
-            position_bias = self.relative_bias(seq_len) if self.relative_bias is not None else None
-            if implementation == "flex":
-                options = device_flex_options(x.device, self.cfg.head_dim, dtype, _dtype_of(position_bias))
-                bias = flex_bias(padding, position_bias, options)  # BlockMask + (h, T, T), for all layers
-            else:
-                bias = attention_bias(padding, position_bias, dtype)  # (B or 1, h or 1, T, T), or None
+        bias = ATTENTION.bias(implementation, request, relative, padding)  # built once, for all the layers
+        attend = ATTENTION.function(implementation)
         for layer in self.layers:
-            x = layer(x, bias, implementation)
+            x = layer(x, bias, attend)
         return x if self.final_norm is None else self.final_norm(x)
-
-    def _flex_runs(self, device: torch.device, dtype: torch.dtype) -> bool:
-        """False when compiled flex fails on this GPU (checked once per process and configuration,
-        then SDPA runs: see `model.attention.flex_works`). CPU flex is torch's unfused reference path,
-        and inside a compiled region the check has already run or cannot."""
-        if not probes_attention(device) or torch.compiler.is_compiling():
-            return True
-        cfg, relative = self.cfg, self.relative_bias is not None
-        key = (str(device), cfg.num_heads, cfg.head_dim, dtype, relative)
-        return flex_works(key, lambda: probe_flex(device, cfg.num_heads, cfg.head_dim, dtype, relative))
-
-    def _triton_runs(self, device: torch.device, dtype: torch.dtype, dropout_active: bool, batch: int,
-                     seq_len: int, padded: bool) -> bool:
-        """False where the Triton kernel fails at this shape on this GPU (probed once per process and
-        `TritonShape`, eagerly, then `fallback_attention` runs for that shape alone: see
-        `model.attention.triton_works`). Inside a compiled region no probe can run: a shape the eager
-        warm-up did not meet falls back (`model.attention.triton_probed`). Off CUDA it is not probed (on
-        CPU it runs under Triton's interpreter or raises, naming why)."""
-        cfg, relative = self.cfg, self.relative_bias is not None
-        shape = TritonShape(str(device), cfg.num_heads, cfg.head_dim, dtype, relative, seq_len, padded,
-                            cfg.attention_dropout if dropout_active else 0.0, torch.is_grad_enabled())
-        if planned(shape):  # counting the kernels a step would compile (`model.attention.planning`)
-            return False
-        if not probes_attention(device):
-            return True
-        if torch.compiler.is_compiling():
-            return triton_probed(shape)
-        reach = min(self.relative_bias.saturation, seq_len - 1) if relative else 0
-        return triton_works(shape, lambda: probe_triton(shape, batch, reach))
 
 
 def attention_ran(model: nn.Module) -> str:
@@ -214,15 +180,7 @@ def attention_ran(model: nn.Module) -> str:
 def attention_fallbacks() -> str:
     """Every fallback of this process with its cause, or '' where there was none: the Triton kernel's per
     shape (flex or SDPA ran there instead) and flex's (SDPA ran instead)."""
-    lines = [f"the Triton kernel at {shape} fell back to flex/SDPA ({cause})"
-             for shape, cause in triton_failures().items()]
-    if failure := flex_failure():
-        lines.append(f"flex fell back to SDPA ({failure})")
-    return "; ".join(lines)
-
-
-def _dtype_of(tensor: torch.Tensor | None) -> torch.dtype | None:
-    return None if tensor is None else tensor.dtype
+    return ATTENTION.fallbacks()
 
 
 def compile_encoders(module: nn.Module, backend: str = "inductor") -> list[TransformerLayer]:

@@ -22,8 +22,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .attention import own_random_state
-from .encoder import PASS_KINDS, Encoder, probes_attention
+from .backends import BACKENDS, own_random_state
+from .encoder import PASS_KINDS, Encoder
 from .objective import PretrainingOutput
 
 
@@ -238,14 +238,14 @@ class TrainingStep:
         `batch`, under the step's autocast, where the attention kernels are probed (a GPU): each encoder
         pass probes its attention at its shape before any compiled step is traced (a probe cannot run
         while dynamo traces), tunes the Triton kernel there (so CUDA graph capture never meets a shape
-        to tune) and falls back per shape where it fails (`model.encoder.Encoder._triton_runs`). Torch's
+        to tune) and falls back per shape where it fails (`model.backends.AttentionBackends.choose`). Torch's
         random state is put back afterwards: the run draws what it would have drawn without it.
 
         Under torch.distributed, rank 0 warms up first, alone; the others wait at a barrier and then warm
         up too, reading rank 0's tuning from Triton's on-disk autotuning cache instead of timing the
         tiles again (and so picking the same ones). Returns whether a warm-up ran here: not where
         nothing is probed (CPU) nor for a module without our encoders (the benchmark's peers)."""
-        if not probes_attention(self.device) or not any(isinstance(m, Encoder) for m in module.modules()):
+        if not BACKENDS.probes_on(self.device) or not any(isinstance(m, Encoder) for m in module.modules()):
             return False
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         first = not distributed or torch.distributed.get_rank() == 0

@@ -80,13 +80,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def fresh_flex_state(monkeypatch):
-    """The flex fallback's process-wide memory (`model.attention.flex_works`), emptied for one test and
-    restored after it: a failure left by another test would otherwise decide this one's path."""
-    from model import attention
+def fresh_attention_state():
+    """The attention backends' process-wide memory of probes and fallbacks (`model.backends.BACKENDS.probes`,
+    a `KernelProbes`), emptied for one test and again after it: a failure left by another test would
+    otherwise decide this one's path, and this one's would decide the next's."""
+    from model.backends import BACKENDS
 
-    monkeypatch.setattr(attention, "_flex_checked", {})
-    monkeypatch.setattr(attention, "_flex_failure", [])
+    BACKENDS.probes.reset()
+    yield BACKENDS.probes
+    BACKENDS.probes.reset()
 
 
 @pytest.fixture(scope="session")

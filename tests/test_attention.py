@@ -292,14 +292,11 @@ def test_triton_kernel_in_bf16_on_cuda_matches_the_fp32_reference_with_its_dropo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("compiled", [False, True])
-def test_the_triton_attention_runs_its_kernels_on_cuda(compiled, monkeypatch):
+def test_the_triton_attention_runs_its_kernels_on_cuda(compiled, fresh_attention_state):
     """'triton' in the paper's setting (training, attention dropout 0.1, bf16 autocast), eager and with the
     layers compiled: our three kernels in the profile, no SDPA or flex kernel, no fallback."""
-    from model import attention
     from model.encoder import compile_encoders
 
-    monkeypatch.setattr(attention, "_triton_checked", {})
-    monkeypatch.setattr(attention, "_triton_failures", {})
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=300, hidden_size=768, num_layers=2, num_heads=12, ffn_size=3072).main
     enc = Encoder(cfg).cuda().train()
@@ -323,5 +320,5 @@ def test_the_triton_attention_runs_its_kernels_on_cuda(compiled, monkeypatch):
     for kernel in ("_forward_kernel", "_backward_dkdv_kernel", "_backward_dq_kernel"):
         assert any(kernel in n for n in names), (kernel, sorted(names))
     assert not any("efficient_attention" in n or "flex_attention" in n for n in names), sorted(names)
-    assert not attention.triton_failures() and enc.attention_ran == {"training": "triton"}
+    assert not fresh_attention_state.triton_failures() and enc.attention_ran == {"training": "triton"}
     assert enc.relative_bias.table.weight.grad.abs().sum() > 0

@@ -4,7 +4,7 @@ kernel variants compiled before step 1, and what ran, as the pretraining job log
 The kernel tests run the real kernels under Triton's interpreter, which only TRITON_INTERPRET=1 set before
 triton is first imported switches on: the `interpreted` tests run, all together, in one child pytest
 started so (as tests/test_triton_attention.py explains), the probe made to run on the CPU
-(`PROBED_DEVICE_TYPES`), and a failure injected into the kernel's entry (`model.kernels.attention._forward`
+(`AttentionBackends.probed_device_types`), and a failure injected into the kernel's entry (`model.kernels.attention._forward`
 or `_backward`) at one sequence length: the crop's, while the block's length keeps the kernel.
 """
 
@@ -27,10 +27,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-import model.attention as attention_module
-import model.encoder as encoder_module
 from model import ObjectiveConfig, build_pretraining_model, model_size
-from model.attention import PROBE_BLOCKS, TritonShape, kernel_variants, triton_works
+from model.backends import BACKENDS
+from model.backends.fused import PROBE_BLOCKS, TritonShape, kernel_variants
 from model.bench import kernel_compiles, random_batch
 from model.encoder import Encoder, attention_fallbacks, attention_ran
 from model.kernels import attention as kernels
@@ -104,18 +103,18 @@ class InjectedFailure(RuntimeError):
 
 
 @pytest.fixture
-def fresh_state(monkeypatch):
-    """An empty memory of the shapes probed and given up, restored after the test."""
-    monkeypatch.setattr(attention_module, "_triton_checked", {})
-    monkeypatch.setattr(attention_module, "_triton_failures", {})
-    monkeypatch.setattr(attention_module, "_flex_checked", {})
-    monkeypatch.setattr(attention_module, "_flex_failure", [])
+def fresh_state():
+    """An empty memory of the shapes probed and given up (`model.backends.BACKENDS.probes`), emptied again
+    after the test. Here, not in conftest.py: the interpreter child runs without conftest.py."""
+    BACKENDS.probes.reset()
+    yield
+    BACKENDS.probes.reset()
 
 
 @pytest.fixture
 def probed_on_cpu(fresh_state, monkeypatch):
     """The probe runs on the CPU too (as on a GPU), from an empty memory."""
-    monkeypatch.setattr(encoder_module, "PROBED_DEVICE_TYPES", ("cpu", "cuda"))
+    monkeypatch.setattr(BACKENDS, "probed_device_types", ("cpu", "cuda"))
 
 
 def kernel_calls(monkeypatch, fail_at: int | None = None, stage: str = "forward") -> list[tuple[str, int, tuple]]:
@@ -152,7 +151,7 @@ def tiny_training(attention: str = "triton"):
 
 
 def shapes_checked() -> dict[tuple[int, bool], bool]:
-    return {(shape.seq_len, shape.grad): works for shape, works in attention_module._triton_checked.items()}
+    return {(shape.seq_len, shape.grad): works for shape, works in BACKENDS.probes.triton_checked().items()}
 
 
 @pytest.mark.parametrize("stage", ["forward", "backward"])
@@ -205,7 +204,7 @@ def test_a_compiled_step_is_probed_by_its_eager_warm_up_and_a_shape_it_never_met
     assert attention_fallbacks() == ""
     padded = dict(batch, all_real=False)
     assert math.isfinite(step([padded]).values[0]["loss"].item())
-    failures = attention_module.triton_failures()
+    failures = BACKENDS.probes.triton_failures()
     assert failures and all(shape.padded for shape in failures), failures
     assert all("not probed before the step was compiled" in cause for cause in failures.values())
 
@@ -246,7 +245,7 @@ def test_the_kernel_variants_compiled_before_step_1_are_at_most_40():
 def _warm_up_in_turn(rank: int, world_size: int, init_file: str, log: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                          world_size=world_size)
-    encoder_module.PROBED_DEVICE_TYPES = ("cpu", "cuda")
+    BACKENDS.probed_device_types = ("cpu", "cuda")
     model, step, batch = tiny_training(attention="sdpa")
 
     def record(module, args):
@@ -301,7 +300,7 @@ def test_the_first_progress_line_and_the_run_tags_say_which_attention_ran_and_ev
     assert "attention" not in log_step(2)  # unchanged: said once
     shape = TritonShape("cuda:0", 12, 64, torch.bfloat16, True, 460, False, 0.1, True)
     with pytest.warns(RuntimeWarning, match="T 460"):
-        assert not triton_works(shape, lambda: (_ for _ in ()).throw(InjectedFailure("out of resource")))
+        assert not BACKENDS.probes.triton_works(shape, lambda: (_ for _ in ()).throw(InjectedFailure("out of resource")))
     third = log_step(3)
     assert "| attention: sdpa in training passes, sdpa in no-grad passes; fallbacks: the Triton kernel at " \
            "T 460, packed, dropout 0.1, training, bfloat16, 12 x 64 fell back to flex/SDPA " \

@@ -13,7 +13,7 @@ import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
-from model.attention import resolve_attention
+from model.backends import resolve_attention
 from model.bench import MASK_RATE, bench_config, random_batch
 from model.corruption import SpecialTokens, make_pretraining_batch
 from model.encoder import Encoder, compile_encoders

@@ -14,11 +14,11 @@ import torch._dynamo
 import torch.nn.attention.flex_attention as flex_module
 
 from model import ModelConfig
-import model.attention as attention_module
-import model.encoder as encoder_module
-from model.attention import (
-    FLEX_BLOCKS, FlexBlocks, RelativePositionBias, attention_bias, device_flex_options, flex_bias, flex_kernel_options,
-    flex_relative_attention, flex_works, reference_attention, resolve_attention,
+import model.backends.dispatch as dispatch_module
+from model.attention import RelativePositionBias, attention_bias, reference_attention
+from model.backends import resolve_attention
+from model.backends.flex import (
+    FLEX_BLOCKS, FlexBlocks, device_flex_options, flex_bias, flex_kernel_options, flex_relative_attention,
 )
 from model.encoder import Encoder, compile_encoders
 
@@ -212,7 +212,8 @@ class SimulatedTritonError(RuntimeError):
     pass
 
 
-def test_a_failing_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_flex_state):
+def test_a_failing_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_attention_state):
+    flex_works = fresh_attention_state.flex_works
     probes = []
 
     def probe():
@@ -227,26 +228,27 @@ def test_a_failing_probe_falls_back_once_with_one_warning_naming_the_cause(fresh
         assert flex_works(("cuda:0", 12, 64), probe) is False
         assert flex_works(("cuda:0", 4, 64), probe) is False
     assert len(probes) == 1
-    assert attention_module.flex_failure().startswith("SimulatedTritonError")
+    assert fresh_attention_state.flex_failure().startswith("SimulatedTritonError")
 
 
-def test_a_passing_probe_runs_once_per_configuration(fresh_flex_state):
+def test_a_passing_probe_runs_once_per_configuration(fresh_attention_state):
+    flex_works = fresh_attention_state.flex_works
     probes = []
     assert flex_works(("cuda:0", 12, 64), lambda: probes.append("a")) is True
     assert flex_works(("cuda:0", 12, 64), lambda: probes.append("b")) is True
     assert flex_works(("cuda:0", 4, 64), lambda: probes.append("c")) is True
-    assert probes == ["a", "c"] and attention_module.flex_failure() is None
+    assert probes == ["a", "c"] and fresh_attention_state.flex_failure() is None
 
 
-def test_encoder_falls_back_to_sdpa_when_flex_fails_to_compile(fresh_flex_state, monkeypatch):
+def test_encoder_falls_back_to_sdpa_when_flex_fails_to_compile(fresh_attention_state, monkeypatch):
     """The encoder's side of the fallback, on CPU: the probe is made to run here and to fail as the
     H100's did; the forward then equals the SDPA forward, and training goes on."""
-    monkeypatch.setattr(encoder_module, "PROBED_DEVICE_TYPES", ("cpu", "cuda"))
+    monkeypatch.setattr(dispatch_module.BACKENDS, "probed_device_types", ("cpu", "cuda"))
 
     def failing_probe(*args):
         raise SimulatedTritonError("out of resource: shared memory, Required: 311296 Hardware limit: 232448")
 
-    monkeypatch.setattr(encoder_module, "probe_flex", failing_probe)
+    monkeypatch.setattr(dispatch_module, "probe_flex", failing_probe)
     enc = small_encoder(attention_dropout=0.0).eval()
     ids, mask = padded_ids()
     enc.set_attention("sdpa")
@@ -284,7 +286,7 @@ def test_compiled_flex_on_cuda_matches_reference(dtype, tolerance, seq_len):
 
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.gpu
-def test_encoder_flex_under_autocast_is_as_accurate_as_sdpa_on_cuda(compiled, fresh_flex_state):
+def test_encoder_flex_under_autocast_is_as_accurate_as_sdpa_on_cuda(compiled, fresh_attention_state):
     """The whole encoder under bf16 autocast, flex against SDPA, each measured against the same encoder
     in fp32: flex may not be less accurate than SDPA (bf16 rounding alone puts some parameters'
     gradients 5-10% off, for both, so the two bf16 paths are not compared with each other)."""
@@ -301,7 +303,7 @@ def test_encoder_flex_under_autocast_is_as_accurate_as_sdpa_on_cuda(compiled, fr
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out = enc(ids, mask)
         results[implementation, autocast] = out, torch.autograd.grad(out[mask].float().square().sum(), params)
-    assert attention_module.flex_failure() is None  # flex ran: no fallback to SDPA
+    assert fresh_attention_state.flex_failure() is None  # flex ran: no fallback to SDPA
     (flex, g_flex), (sdpa, g_sdpa), (exact, g_exact) = results.values()
     assert relative_error(flex[mask], exact[mask]) < max(2 * relative_error(sdpa[mask], exact[mask]), 1e-2)
     for (name, _), a, b, ref in zip(enc.named_parameters(), g_flex, g_sdpa, g_exact):

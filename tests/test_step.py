@@ -236,22 +236,18 @@ def test_the_gpu_tests_collect_on_a_machine_without_ray_mlflow_or_pandas():
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # the paper's setting and the fast one
 @pytest.mark.parametrize("attention", ["auto", "triton", "sdpa", "flex"])  # auto: sdpa with dropout, else flex
-def test_the_default_step_runs_compiled_on_cuda(attention_dropout, attention, fresh_flex_state, monkeypatch):
+def test_the_default_step_runs_compiled_on_cuda(attention_dropout, attention, fresh_attention_state):
     """The crash this guards against: the default path died at its first step on an H100 (flex tiles
     too large for shared memory). `small` has base's head size, so the same attention kernels. The
     default ('auto') runs SDPA with attention dropout (flex in the dropout-free sampling pass) and flex
     without; our Triton kernel runs by name."""
-    from model import attention as attention_module
-
     if attention == "flex" and attention_dropout > 0:
         pytest.skip("flex has no attention dropout")
-    monkeypatch.setattr(attention_module, "_triton_checked", {})
-    monkeypatch.setattr(attention_module, "_triton_failures", {})
     result = bench.run(preset="small", seq_len=512, batch=4, steps=2, warmup=1, compile=True,
                        attention_dropout=attention_dropout, attention=attention)
     assert result.mfu is not None and result.mfu > 0
-    assert attention_module.flex_failure() is None  # flex compiled with the chosen tiles; no fallback was needed
-    assert not attention_module.triton_failures()
+    assert fresh_attention_state.flex_failure() is None  # flex compiled with the chosen tiles; no fallback was needed
+    assert not fresh_attention_state.triton_failures()
     training = ("sdpa" if attention_dropout else "flex") if attention == "auto" else attention
     no_grad = "flex" if attention == "auto" else attention
     assert result.attention == f"{training} in training passes, {no_grad} in no-grad passes"

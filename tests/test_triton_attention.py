@@ -39,14 +39,12 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
-import model.attention as attention_module
+import model.backends.dispatch as dispatch_module
 import model.bench as bench
-import model.encoder as encoder_module
 from model import ModelConfig
-from model.attention import (
-    RelativePositionBias, TritonShape, attention_bias, fallback_attention, probe_triton, reference_attention,
-    relative_position_bucket, resolve_attention,
-)
+from model.attention import RelativePositionBias, attention_bias, reference_attention, relative_position_bucket
+from model.backends import BACKENDS, fallback_attention, resolve_attention
+from model.backends.fused import TritonShape, probe_triton
 from model.encoder import Encoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -421,7 +419,7 @@ def padded_ids(seq_len: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @kernel_test
-def test_encoder_triton_path_equals_the_reference_path(monkeypatch):
+def test_encoder_triton_path_equals_the_reference_path(fresh_triton_state):
     """The encoder's own wiring: the bias by distance from its table, the padding mask, per layer; all
     parameters' gradients (the shared relative bias table among them)."""
     enc = small_encoder().to(DEVICE).eval()
@@ -442,8 +440,7 @@ def test_encoder_triton_path_equals_the_reference_path(monkeypatch):
     # inputs and seeds without moving that generator (`own_random_state`)
     enc.train()
     enc.set_attention("triton")
-    monkeypatch.setattr(attention_module, "_triton_checked", {})
-    monkeypatch.setattr(attention_module, "_triton_failures", {})
+    fresh_triton_state.reset()
     torch.manual_seed(3)
     first = enc(ids, mask, all_real=False)
     torch.manual_seed(3)
@@ -524,13 +521,13 @@ def test_the_resource_report_fails_a_tile_beyond_the_shared_memory(monkeypatch, 
 
 
 @pytest.fixture
-def fresh_triton_state(monkeypatch):
-    """The Triton fallback's process-wide memory, emptied for one test (a failure left by another test
-    would otherwise decide this one's path)."""
-    monkeypatch.setattr(attention_module, "_triton_checked", {})
-    monkeypatch.setattr(attention_module, "_triton_failures", {})
-    monkeypatch.setattr(attention_module, "_flex_checked", {})
-    monkeypatch.setattr(attention_module, "_flex_failure", [])
+def fresh_triton_state():
+    """The Triton fallback's process-wide memory (`model.backends.BACKENDS.probes`), emptied for one test (a
+    failure left by another test would otherwise decide this one's path) and again after it. Here, not in
+    conftest.py: the interpreter child runs without conftest.py."""
+    BACKENDS.probes.reset()
+    yield BACKENDS.probes
+    BACKENDS.probes.reset()
 
 
 def test_the_bias_by_distance_is_the_pairwise_lookup_on_its_diagonals():
@@ -573,14 +570,14 @@ class SimulatedTritonError(RuntimeError):
 def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_triton_state, monkeypatch):
     """The encoder's side, on CPU: the probe is made to run here and to fail; the forward then equals
     the fallback's (SDPA here), no second probe or warning follows, and the bench line names the cause."""
-    monkeypatch.setattr(encoder_module, "PROBED_DEVICE_TYPES", ("cpu", "cuda"))
+    monkeypatch.setattr(BACKENDS, "probed_device_types", ("cpu", "cuda"))
     probes = []
 
     def failing_probe(*args):
         probes.append(args)
         raise SimulatedTritonError("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
 
-    monkeypatch.setattr(encoder_module, "probe_triton", failing_probe)
+    monkeypatch.setattr(dispatch_module, "probe_triton", failing_probe)
     enc = small_encoder().eval()
     ids, mask = padded_ids()
     enc.set_attention("sdpa")
@@ -593,7 +590,7 @@ def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_caus
         warnings.simplefilter("error")
         assert torch.equal(enc(ids, mask), expected)  # stays on SDPA, silently
     assert len(probes) == 1
-    (shape, cause), = attention_module.triton_failures().items()
+    (shape, cause), = BACKENDS.probes.triton_failures().items()
     assert shape.seq_len == 40 and shape.padded and cause.startswith("SimulatedTritonError")
     line = bench._attention_line("auto", "sdpa in training passes")
     assert "the Triton kernel at T 40, padded" in line and "fell back to flex/SDPA" in line and "Hardware limit" in line
