@@ -189,3 +189,16 @@ def test_the_runtime_env_names_no_shared_temporary_path():
     env = yaml.safe_load((ROOT / "platform" / "runtime_env.yaml").read_text())
     assert not any(str(v).startswith(("/tmp", "/var/tmp", "/dev/shm")) for v in env["env_vars"].values())
     assert ".git" in env["excludes"]
+
+
+def test_every_preset_states_its_cost_measured_or_estimated():
+    """A user picks a preset by what it costs: each says on what (CPU cores or GPUs) and how many hours or
+    minutes, and whether that was measured or is an estimate."""
+    import re
+
+    for path in sorted((ROOT / "platform" / "presets").glob("*.yaml")):
+        cost = [line for line in path.read_text().splitlines() if line.startswith("# cost: ")]
+        assert len(cost) == 1, path.name
+        assert re.search(r"\d+ (CPU cores|GPUs?)", cost[0]) and re.search(r"\d+ (hours|minutes)", cost[0]), cost[0]
+        assert "measured" in cost[0] or "estimate" in cost[0], cost[0]
+
