@@ -164,6 +164,19 @@ def make_pretraining_batch(
     }
 
 
+MASK_RATE = 0.15  # the paper's masking rate: `random_batch`'s
+
+
+def random_batch(batch: int, seq_len: int, vocab_size: int, crop_fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Packed blocks of uniform random tokens (no padding, as the stream packs them), masked at `MASK_RATE`
+    and cropped: what `python -m bench` times and the tests train on."""
+    generator = torch.Generator().manual_seed(seed)
+    first_regular = SpecialTokens.mask + 1
+    ids = torch.randint(first_regular, vocab_size, (batch, seq_len), generator=generator)
+    ids[:, 0] = SpecialTokens.cls
+    return make_pretraining_batch(ids, MASK_RATE, crop_fraction, generator)
+
+
 def sample_replacements(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per masked position from softmax(logits) at temperature 1, computed in fp32. (N, V) -> (N,)
 

@@ -126,7 +126,7 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
         self.attention_implementation = "auto"  # a choice, resolved per pass by `ATTENTION.choose`
         # What ran, after any fallback: the last implementation of passes with gradients ("training")
-        # and without ("no-grad"); `python -m model.bench` reports it.
+        # and without ("no-grad"); `python -m bench` reports it.
         self.attention_ran: dict[str, str] = {}
         for name, child in self.named_children():
             if not (name == "embeddings" and embeddings is not None):  # never re-initialise shared weights
@@ -168,7 +168,7 @@ class Encoder(nn.Module):
 def attention_ran(model: nn.Module) -> str:
     """What attention the encoders inside `model` ran in their last passes, after any fallback
     (`Encoder.attention_ran`), e.g. 'triton in training passes, triton in no-grad passes': what
-    `python -m model.bench` prints and the pretraining job logs."""
+    `python -m bench` prints and the pretraining job logs."""
     ran: dict[str, set[str]] = {}
     for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
         for kind, implementation in encoder.attention_ran.items():

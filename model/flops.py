@@ -86,7 +86,7 @@ def device_peak_flops(device_name: str) -> float | None:
     return None
 
 
-# Peers (model.bench --peer). Counted by the same rules as `step_flops`, for the computation each peer
+# Peers (bench.peers). Counted by the same rules as `step_flops`, for the computation each peer
 # step actually performs, which is also the equivalent useful work in ours: the bench runs transformers'
 # vocabulary projections only at the masked positions (as ELECTRA's and fairseq's RoBERTa's own training
 # code do), so "computed" and "useful" FLOPs coincide and MFU means the same thing on both sides.

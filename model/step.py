@@ -1,4 +1,4 @@
-"""The pretraining step: the one function both the Ray Train worker loop and `model.bench` time.
+"""The pretraining step: the one function both the Ray Train worker loop and `bench` time.
 
 Plain PyTorch (no Ray, no MLflow), so a GPU machine with only torch installed runs exactly the step
 the job runs: bf16 autocast on CUDA, backward of each micro-batch scaled by 1/accumulation (DDP's
@@ -115,7 +115,7 @@ def step_precision(device: torch.device, bf16: bool, bf16_on_cpu: bool) -> str:
     """What a pretraining step computes in: "bf16" (autocast) or "fp32". On CUDA, `bf16`; on a CPU, only
     where `bf16_on_cpu` asks for it and the CPU multiplies bf16 natively: without AVX512-BF16 or AMX,
     oneDNN emulates bf16 and a study-cpu step takes about 10x as long as in fp32 (an AVX2-only Zen 3:
-    4,960 ms against 523, `model.bench --preset study-cpu --seq-len 64 --batch-size 32 --variant clm_only
+    4,960 ms against 523, `python -m bench --preset study-cpu --seq-len 64 --batch-size 32 --variant clm_only
     [--cpu-bf16]`, 1 thread), so the job and the curve probe run fp32 there and say so."""
     if device.type == "cuda":
         return "bf16" if bf16 else "fp32"

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG, SEED_STAT,
                         best_task_metric)
-from model import EncoderConfig
+from model import EncoderConfig, ModelConfig, ObjectiveConfig
 
 # MLflow is imported where a helper uses it: `python -m pytest -m gpu` runs on GPU machines that have
 # torch, transformers and pytest but no MLflow or Ray.
@@ -24,6 +24,15 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 GPU_TEST_MODULES = ("test_attention.py", "test_flex_attention.py", "test_compile.py", "test_step.py")
+
+
+def preset_configs(preset: str, variant_name: str = "cocolm") -> tuple[ModelConfig, ObjectiveConfig, float]:
+    """A preset's model and objective with a variant applied, and its crop fraction, as the pretraining job
+    resolves them (`jobs.pretraining.config.resolve`, which imports without Ray, MLflow or pandas)."""
+    from jobs.pretraining.config import resolve
+
+    cfg = resolve(preset, variant_name)
+    return cfg.model, cfg.objective, cfg.data.crop_fraction
 
 
 WORDS = ["good", "fine", "great", "bad", "poor", "awful"]

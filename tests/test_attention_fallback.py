@@ -30,7 +30,8 @@ from mlflow.tracking import MlflowClient
 from model import ObjectiveConfig, build_pretraining_model, model_size
 from model.backends import BACKENDS
 from model.backends.fused import PROBE_BLOCKS, TritonShape, kernel_variants
-from model.bench import kernel_compiles, random_batch
+from bench.attention import kernel_compiles
+from model.corruption import random_batch
 from model.encoder import Encoder, attention_fallbacks, attention_ran
 from model.kernels import attention as kernels
 from model.objective import to_device
@@ -229,7 +230,7 @@ def test_the_kernel_variants_compiled_before_step_1_are_at_most_40():
     """At `tiny`'s shapes as base's (T 64: a multiple of 16 as base's 512; its crop 57 is not, as 460 is
     not): a training shape compiles its tuning's tiles, which include the probe's (`PROBE_BLOCKS`, the
     first of every list), for 3 kernels; the no-grad shape one forward at the probe's tiles. Base's
-    count is the same (`python -m model.bench --compiles --preset base --seq-len 512`)."""
+    count is the same (`python -m bench --compiles --preset base --seq-len 512`)."""
     shapes, variants = kernel_compiles("tiny", 64)
     assert sorted((s.seq_len, s.grad, s.dropout_p) for s in shapes) == [(57, True, 0.1), (64, False, 0.0),
                                                                         (64, True, 0.1)]

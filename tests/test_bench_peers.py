@@ -7,7 +7,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from model import VARIANTS
-from model.bench import BenchResult, bench_config, build_peer, main, peer_step_flops, random_batch, targets
+from bench.cli import build_parser, main
+from bench.peers import build_peer, peer_step_flops
+from bench.steps import BenchResult, bench_config, targets
+from model.corruption import random_batch
 from model.flops import step_flops
 from model.objective import build_pretraining_model
 
@@ -120,14 +123,16 @@ def test_our_electra_baseline_does_the_electra_peers_work():
 
 
 def test_the_bench_takes_the_jobs_presets_and_resolves_them_as_the_job_does():
-    """`--preset study` means the job's study preset here too: its model, objective and vocabulary."""
-    from jobs.pretraining.config import available_presets as job_presets, resolve
-    from model.bench import available_presets, preset_configs
+    """`--preset study` means the job's study preset here too: its model, objective and vocabulary (the bench
+    reads them through the job's one resolver, `jobs.pretraining.config.resolve`)."""
+    from jobs.pretraining.config import available_presets, resolve
 
-    assert available_presets() == job_presets()
+    choices = next(a.choices for a in build_parser()._actions if a.dest == "preset")
+    assert choices == available_presets()
     for preset in available_presets():
-        model_cfg, objective_cfg = preset_configs(preset)
+        model_cfg, objective_cfg, crop_fraction = bench_config(preset, "cocolm")
         job = resolve(preset)
+        assert crop_fraction == job.data.crop_fraction, preset
         assert (model_cfg, objective_cfg) == (job.model, job.objective), preset
         for name in VARIANTS:  # each variant, and the preset's word on it (study-cpu's electra)
             job = resolve(preset, name)

@@ -14,7 +14,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
 from model.backends import resolve_attention
-from model.bench import MASK_RATE, bench_config, random_batch
+from helpers import preset_configs
+from model.corruption import MASK_RATE, random_batch
 from model.corruption import SpecialTokens, make_pretraining_batch
 from model.encoder import Encoder, compile_encoders
 from model.objective import build_pretraining_model, to_device
@@ -22,7 +23,7 @@ from model.step import compile_step
 
 
 def no_dropout_model(variant: str = "cocolm"):
-    model_cfg, objective_cfg, crop_fraction = bench_config("tiny", variant)
+    model_cfg, objective_cfg, crop_fraction = preset_configs("tiny", variant)
     model_cfg = replace(model_cfg, vocab_size=300, dropout=0.0, attention_dropout=0.0)  # eager == compiled
     torch.manual_seed(0)
     return build_pretraining_model(model_cfg, objective_cfg).train(), crop_fraction

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import ObjectiveConfig, build_pretraining_model, model_size
-from model.bench import run
+from bench.steps import run
 from model.export import CODE_MANIFEST, code_hashes, export_encoder, load_export, verify_export
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_bench_smoke_reports_positive_numbers():
 
 def test_bench_command_line():
     out = subprocess.run(
-        [sys.executable, "-m", "model.bench", "--preset", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "1",
+        [sys.executable, "-m", "bench", "--preset", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "1",
          "--variant", "electra", "--device", "cpu"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     )

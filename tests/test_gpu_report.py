@@ -1,4 +1,4 @@
-"""`python -m model.bench --gpu-report`: the plan a lent GPU runs, its time caps and budget, and its summary.
+"""`python -m bench --gpu-report`: the plan a lent GPU runs, its time caps and budget, and its summary.
 The whole plan runs here at toy shapes on the CPU, so that a typo in it shows before a GPU's minutes go."""
 
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from model import gpu_report
-from model.gpu_report import PLAN, Check, figures, run_plan, toy
+from bench import gpu_report
+from bench.gpu_report import PLAN, Check, figures, run_plan, toy
 
 STEP_OUTPUT = """training step: preset=base seq_len=512 batch_size=32 attention_dropout=0.1
 ours (cocolm)
@@ -53,14 +53,14 @@ def test_a_check_past_its_cap_is_killed_and_one_the_budget_cannot_fit_is_skipped
 
 
 def test_an_unknown_check_is_one_usage_line():
-    result = subprocess.run([sys.executable, "-m", "model.bench", "--gpu-report", "out", "--only", "nope"],
+    result = subprocess.run([sys.executable, "-m", "bench", "--gpu-report", "out", "--only", "nope"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "unknown checks ['nope']" in result.stderr.splitlines()[-1]
 
 
 @pytest.mark.slow
 def test_the_whole_plan_runs_at_toy_shapes_on_the_cpu(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "model.bench", "--gpu-report", str(tmp_path), "--toy"],
+    result = subprocess.run([sys.executable, "-m", "bench", "--gpu-report", str(tmp_path), "--toy"],
                             capture_output=True, text=True, timeout=900)
     summary = (tmp_path / "summary.txt").read_text()
     assert result.returncode == 0, summary
@@ -68,6 +68,6 @@ def test_the_whole_plan_runs_at_toy_shapes_on_the_cpu(tmp_path):
         assert f"{check.name}: exit 0" in summary
         if "--attention-alone" in check.argv:
             assert f"{check.name}: attention alone: triton (ours), bias by distance: " in summary
-        elif check.argv[0] == "model.bench" and "--attention-ops" not in check.argv:
+        elif check.argv[0] == "bench" and "--attention-ops" not in check.argv:
             assert f"{check.name}: ours (" in summary and f"{check.name}: attention " in summary
     assert "attention-ops-dropout0.1: ops per call, backward: kernel launches 2 (dq, dkdv)" in summary

@@ -24,9 +24,9 @@ def test_no_module_or_package_shadows_the_stdlib():
 
 def test_model_imports_no_ray_mlflow_or_pandas_and_its_core_no_transformers():
     """model/ runs on a GPU machine with plain torch; transformers only in the export and the
-    benchmark's peers (model.export, model.bench), never in the networks and losses."""
+    benchmark's peers (model.export, bench), never in the networks and losses."""
     for modules, banned in (("model", ("ray", "mlflow", "pandas", "transformers")),
-                            ("model, model.bench, model.export", ("ray", "mlflow", "pandas"))):
+                            ("model, bench.cli, model.export", ("ray", "mlflow", "pandas"))):
         code = f"import sys, {modules}\nprint(sorted(m for m in {banned!r} if m in sys.modules))"
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "[]", (modules, out.stdout)

@@ -32,7 +32,7 @@ from jobs.pretraining.config import available_presets, available_variants, from_
 from jobs.pretraining.job import check_compile_toolchain, main, run
 from jobs.pretraining.loop import LONG_SHARD, build_training, merged_precision, phase, resumed_seed
 from model import VARIANTS
-from model.bench import random_batch
+from model.corruption import random_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_SIGNALS = [

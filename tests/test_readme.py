@@ -71,9 +71,9 @@ COMMANDS = {
     r"^python -m jobs\.data\.stream_bench": "tests/test_stream.py runs the stream it times; a benchmark of a minute",
     r"^python -m jobs\.data\.pack --seq-len 128 --vocab-size 8192 --out work/blocks ":
         "the same command as the study-cpu pack above, at the study preset's length",
-    r"^python -m pytest -m gpu|^python -m pytest tests/test_triton_attention\.py|^python -m model\.bench --preset base|"
-    r"^python -m model\.bench --gpu-report gpu-report$": "GPU (the README's 'On a GPU' section)",
-    r"^python -m model\.bench --gpu-report gpu-report --toy$":
+    r"^python -m pytest -m gpu|^python -m pytest tests/test_triton_attention\.py|^python -m bench --preset base|"
+    r"^python -m bench --gpu-report gpu-report$": "GPU (the README's 'On a GPU' section)",
+    r"^python -m bench --gpu-report gpu-report --toy$":
         "tests/test_gpu_report.py::test_the_whole_plan_runs_at_toy_shapes_on_the_cpu",
     r"^python -m model\.kernels\.resources$":
         "tests/test_triton_attention.py::test_every_tuned_tile_compiles_for_an_h100_fits_and_issues_at_most_130_instructions_per_score "
@@ -117,7 +117,7 @@ def test_every_readme_command_is_run_by_a_test_or_says_why_not():
 
 # The function behind each `python -m` package (its __main__ calls it; importing a __main__ would run it).
 PACKAGE_MAIN = {"jobs.pretraining": "jobs.pretraining.job", "jobs.finetuning": "jobs.finetuning.sweep",
-                "jobs.data.tokens": "jobs.data.tokens.__main__"}
+                "jobs.data.tokens": "jobs.data.tokens.__main__", "bench": "bench.cli"}
 
 
 def help_text(module: str, capsys) -> str:

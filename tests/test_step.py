@@ -16,7 +16,10 @@ import torch._inductor.config as inductor_config
 from torch import nn
 
 import model.step as step_module
-from model import bench, build_pretraining_model
+import bench.steps as bench
+from helpers import preset_configs
+from model import build_pretraining_model
+from model.corruption import MASK_RATE, random_batch
 from model.objective import to_device
 from model.step import (AdamW, Interval, OptimizerConfig, TrainingStep, build_optimizer, compile_step, param_groups,
                         warmup_linear_decay)
@@ -217,8 +220,13 @@ def test_the_job_and_the_benchmark_run_the_same_step(monkeypatch):
 
 
 def test_the_step_and_the_benchmark_need_no_ray_or_mlflow():
-    code = ("import sys, model.step, model.bench; "
-            "bad = [m for m in ('ray', 'mlflow', 'pandas', 'jobs') if m in sys.modules]; assert not bad, bad")
+    """GPU machines have torch and transformers only: the step and the whole bench import and run there
+    (None in sys.modules makes every import of ray, mlflow or pandas fail), reading the job's presets."""
+    code = ("import sys; sys.modules.update(ray=None, mlflow=None, pandas=None)\n"
+            "import model.step, bench.cli\n"
+            "bench.cli.main(['--preset', 'tiny', '--seq-len', '16', '--batch-size', '1', '--steps', '1', "
+            "'--warmup', '0', '--device', 'cpu'])\n"
+            "bad = [m for m in ('ray', 'mlflow', 'pandas') if sys.modules.get(m) is not None]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -261,11 +269,11 @@ def test_a_compiled_step_on_cuda_never_makes_the_host_wait():
     from model.encoder import compile_encoders
     from model.objective import to_device
 
-    model_cfg, objective_cfg, crop_fraction = bench.bench_config("small", "cocolm", None)
+    model_cfg, objective_cfg, crop_fraction = preset_configs("small")
     device = torch.device("cuda")
     model = build_pretraining_model(model_cfg, objective_cfg).to(device).train()
     compile_encoders(model)
-    batch = bench.random_batch(4, 512, model_cfg.vocab_size, crop_fraction)
+    batch = random_batch(4, 512, model_cfg.vocab_size, crop_fraction)
     step = bench.training_step(model, to_device(batch, device), device)
     for _ in range(3):
         step()
@@ -315,8 +323,8 @@ class Trajectory:
 def fixed_shape_batches(device: torch.device) -> list[dict]:
     """A warm-up batch, then one per step: distinct `small` batches (T=128, B=4) of one shape, the
     masked-position index padded as `bench.run(fixed_shapes=True)` pads it, at the data's mask rate."""
-    model_cfg, _, crop_fraction = bench.bench_config("small", "cocolm", None)
-    return [to_device(bench.random_batch(4, 128, model_cfg.vocab_size, crop_fraction, seed), device, bench.MASK_RATE)
+    model_cfg, _, crop_fraction = preset_configs("small")
+    return [to_device(random_batch(4, 128, model_cfg.vocab_size, crop_fraction, seed), device, MASK_RATE)
             for seed in range(REPLAY_STEPS + 1)]
 
 
@@ -331,7 +339,7 @@ def train_small(mode: str, device: torch.device, backend: str = "inductor") -> T
     as `Interval` reads them at a log line: a value left in graph memory that a later replay
     overwrote would show."""
     torch.compiler.reset()  # no graph or CUDA-graph tree of an earlier run
-    model_cfg, objective_cfg, _ = bench.bench_config("small", "cocolm", None)
+    model_cfg, objective_cfg, _ = preset_configs("small")
     torch.manual_seed(0)
     model = build_pretraining_model(replace(model_cfg, dropout=0.0, attention_dropout=0.0), objective_cfg)
     model = model.to(device).train()

@@ -40,11 +40,12 @@ import triton.language as tl
 from triton.runtime import JITFunction
 
 import model.backends.dispatch as dispatch_module
-import model.bench as bench
 from model import ModelConfig
 from model.attention import RelativePositionBias, attention_bias, reference_attention, relative_position_bucket
 from model.backends import BACKENDS, fallback_attention, resolve_attention
 from model.backends.fused import TritonShape, probe_triton
+from bench.attention import attention_ops
+from bench.steps import attention_line, run
 from model.encoder import Encoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -592,14 +593,14 @@ def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_caus
     assert len(probes) == 1
     (shape, cause), = BACKENDS.probes.triton_failures().items()
     assert shape.seq_len == 40 and shape.padded and cause.startswith("SimulatedTritonError")
-    line = bench._attention_line("auto", "sdpa in training passes")
+    line = attention_line("auto", "sdpa in training passes")
     assert "the Triton kernel at T 40, padded" in line and "fell back to flex/SDPA" in line and "Hardware limit" in line
 
 
 def test_the_bench_reports_which_attention_ran():
-    result = bench.run(preset="tiny", seq_len=32, batch=2, steps=1, warmup=0, device="cpu")
+    result = run(preset="tiny", seq_len=32, batch=2, steps=1, warmup=0, device="cpu")
     assert result.attention == "sdpa in training passes, sdpa in no-grad passes"
-    assert bench._attention_line("auto", result.attention).startswith(
+    assert attention_line("auto", result.attention).startswith(
         "attention         sdpa in training passes, sdpa in no-grad passes (choice: auto)")
 
 
@@ -623,10 +624,10 @@ def test_model_imports_without_triton_and_the_kernel_path_says_why_it_cannot_run
 
 @kernel_test
 def test_a_call_dispatches_nothing_but_its_kernels_and_the_dropout_seed():
-    """What one call runs besides its three kernels (`python -m model.bench --attention-ops`), as the
+    """What one call runs besides its three kernels (`python -m bench --attention-ops`), as the
     encoder calls it: the forward draws its dropout seed; the backward computes nothing of its own (delta
     is the dQ kernel's, the bias of every distance the encoder's, once per pass). The two backward
     ops left are the harness's: `unbind`'s backward stacks dq, dk, dv, and the leaf's gradient is copied."""
-    forward, backward = bench.attention_ops("tiny", 16, 1, 0.1, "cpu")[:2]
+    forward, backward = attention_ops("tiny", 16, 1, 0.1, "cpu")[:2]
     assert "kernel launches 1 (forward); compute 1 (randint);" in forward
     assert "kernel launches 2 (dq, dkdv); compute 2 (stack, copy_);" in backward

@@ -44,11 +44,11 @@ class TrainConfig(OptimizerConfig):
     #                           data.batch_size-sequence micro-batches makes up the rest
     bf16: bool = True  # autocast on GPU; CPU runs fp32 unless bf16_on_cpu
     bf16_on_cpu: bool = False  # autocast to bf16 on a CPU as well, where it multiplies bf16 natively: a study-cpu
-    #                            step 1.5x faster with AVX512-BF16 (`model.bench --cpu-bf16`); a CPU without it
+    #                            step 1.5x faster with AVX512-BF16 (`python -m bench --cpu-bf16`); a CPU without it
     #                            runs fp32 all the same (model.step.step_precision: emulated bf16 is ~10x slower);
     #                            off by default, as CPU tests compare fp32 numbers
     compile: bool = True  # torch.compile each Transformer layer (model.encoder.compile_encoders); the tiny
-    #                       preset turns it off: on 2 CPU cores it gains nothing (`model.bench --compile`)
+    #                       preset turns it off: on 2 CPU cores it gains nothing (`python -m bench --compile`)
     seed: int = 0
     long_steps: int = 0  # the last this many steps train on blocks of data.long_seq_len (0: none)
     log_every: int = 100

@@ -270,7 +270,7 @@ def train_loop_per_worker(config: dict) -> None:
     wrapped = ray.train.torch.prepare_model(model)  # to device; DDP when world_size > 1
     optimizer_to(optimizer, device)
     accumulation = accumulation_steps(cfg, world_size)
-    # The same step `model.bench` times: autocast, backward per micro-batch, clipping, fused AdamW.
+    # The same step `bench` times: autocast, backward per micro-batch, clipping, fused AdamW.
     cuda_graphs = cfg.train.compile_step == "reduce-overhead" and device.type == "cuda"
     precision = step_precision(device, cfg.train.bf16, cfg.train.bf16_on_cpu)
     step = TrainingStep(wrapped, model.parameters(), optimizer, scheduler, device, clip_norm=cfg.train.clip_norm,

@@ -1,6 +1,6 @@
 """Everything a lent GPU should measure, in one command that never stops at the first failure:
 
-    python -m model.bench --gpu-report OUTDIR [--budget SECONDS] [--only CHECK,...] [--toy]
+    python -m bench --gpu-report OUTDIR [--budget SECONDS] [--only CHECK,...] [--toy]
 
 Runs the plan below, most important first, each check a child process under its own time cap and all
 of them inside one budget (540 s: 9 minutes of a 10-minute window); a check the budget no longer fits
@@ -52,7 +52,7 @@ class Check:
 
 
 def _bench(*flags: str) -> tuple[str, ...]:
-    return ("model.bench", *BASE, *flags)
+    return ("bench", *BASE, *flags)
 
 
 # Most important first: the attention call, the kernel's correctness on this device (every test of it;
@@ -95,7 +95,7 @@ def toy(check: Check) -> Check:
             next(flags)
         else:
             argv.append(flag)
-    return Check(check.name, ("model.bench", *TOY, *argv), check.cap_s)
+    return Check(check.name, ("bench", *TOY, *argv), check.cap_s)
 
 
 @dataclass(frozen=True)
