@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
-                        help="auto: the Triton kernel (triton) on CUDA, else sdpa")
+                        help="auto: SDPA with attention dropout, flex without it on CUDA (SDPA elsewhere); "
+                        "triton: our fused kernel")
     parser.add_argument("--attention-dropout", type=probability, default=None,
                         help="override the preset's attention dropout (0 enables flex in training), "
                         "for the peer too")
