@@ -15,12 +15,8 @@ import importlib.util
 import inspect
 import math
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import warnings
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
@@ -42,6 +38,8 @@ from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import resolve, with_vocab_size
 from jobs.pretraining.loop import Logger, LoopContext
 
+from interpreter import run_in_interpreter_child
+
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SEQ_LEN, CROP = 32, 28  # the block and its crop (crop fraction 0.9); the failure is injected at the crop
@@ -55,23 +53,7 @@ def interpreter_child(names: tuple[str, ...]) -> tuple[dict[str, tuple[str, str]
     """Runs the interpreted tests `names` (as this session selected them) once, together, in a child pytest
     with TRITON_INTERPRET=1 (one start of torch and Triton for all, not one per test): (name -> (outcome,
     details)) from its JUnit report, and the tail of its output."""
-    with tempfile.TemporaryDirectory() as folder:
-        report = Path(folder) / "report.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-                   f"--junitxml={report}", *(f"{Path(__file__).resolve()}::{name}" for name in names)]
-        result = subprocess.run(command, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                                capture_output=True, text=True, timeout=900)
-        outcomes = {}
-        if report.exists():
-            for case in ElementTree.parse(report).getroot().iter("testcase"):
-                status, details = "passed", ""
-                for tag in ("failure", "error", "skipped"):
-                    element = case.find(tag)
-                    if element is not None:
-                        status = tag
-                        details = (element.get("message") or "") + "\n" + (element.text or "")
-                outcomes[case.get("name")] = (status, details)
-    return outcomes, (result.stdout + result.stderr)[-4000:]
+    return run_in_interpreter_child(__file__, names)
 
 
 def interpreted(test):

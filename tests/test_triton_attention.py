@@ -24,9 +24,7 @@ import inspect
 import os
 import subprocess
 import sys
-import tempfile
 import warnings
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
@@ -47,6 +45,8 @@ from model.backends.fused import TritonShape, probe_triton
 from bench.attention import attention_ops
 from bench.steps import attention_line, run
 from model.encoder import Encoder
+
+from interpreter import run_in_interpreter_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,24 +88,7 @@ def kernel_test(test):
 def interpreter_child(names: tuple[str, ...]) -> tuple[dict[str, tuple[str, str]], str]:
     """Runs the kernel tests `names` (as this session selected them) once in a child pytest with
     TRITON_INTERPRET=1: (name -> (outcome, details)) from its JUnit report, and the tail of its output."""
-    with tempfile.TemporaryDirectory() as folder:
-        report = Path(folder) / "report.xml"
-        node_ids = [f"{Path(__file__).resolve()}::{name}" for name in names]
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-                   f"--junitxml={report}", *node_ids]
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        outcomes = {}
-        if report.exists():
-            for case in ElementTree.parse(report).getroot().iter("testcase"):
-                status, details = "passed", ""
-                for tag in ("failure", "error", "skipped"):
-                    element = case.find(tag)
-                    if element is not None:
-                        status = tag
-                        details = (element.get("message") or "") + "\n" + (element.text or "")
-                outcomes[case.get("name")] = (status, details)
-    return outcomes, (result.stdout + result.stderr)[-4000:]
+    return run_in_interpreter_child(__file__, names)
 
 
 def outcome_in_child(node: pytest.Item) -> None:
@@ -551,7 +534,7 @@ def test_the_bias_by_distance_is_the_pairwise_lookup_on_its_diagonals():
 
 
 def test_auto_picks_what_measured_fastest_and_the_kernel_runs_by_name():
-    """On an H100 the COCO-LM step took 127.1 ms with SDPA and 134.1 ms with the kernel (docs/design.md 7.1):
+    """On an H100 the COCO-LM step took 127.1 ms with SDPA and 134.1 ms with the kernel (docs/design.md 7.2):
     'auto' is the fallback's rule, flex on CUDA without active dropout, SDPA otherwise; 'triton' by name."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for dropout_active in (True, False):
