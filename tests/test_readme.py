@@ -185,3 +185,17 @@ def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tm
     # the preset's long phase, at first-look size: the last 10 steps on blocks of 64, a line where it starts
     assert "(the last 10 of 32 x 64" in out and re.search(r"step 40/50 \| epoch", out)
     assert "\x1b[" not in out and "%|" not in out  # no colour codes, no progress-bar frames
+
+
+def test_a_job_sent_to_a_tracking_server_takes_its_account_from_the_one_private_runtime_env():
+    """The MLflow recipe puts a user's account in a private copy of platform/runtime_env.yaml; every
+    documented `jobs.submit` to a tracking server sends that copy (the shared file has no account, and a
+    job sent with it is refused by the server), and the docs make the copy owner-only."""
+    recipe = (ROOT / "platform" / "mlflow" / "README.md").read_text()
+    assert "*.private.yaml" in recipe and "platform/runtime_env.yaml" in recipe
+    submits = [c for c in shell_commands(README) if c.startswith("python -m jobs.submit --runtime-env")
+               and "--tracking-uri http" in c]
+    assert submits and all("--runtime-env platform/runtime_env.private.yaml " in c for c in submits), submits
+    assert "(umask 077 && cp platform/runtime_env.yaml platform/runtime_env.private.yaml)" in README
+    assert "*.private.yaml" in (ROOT / ".gitignore").read_text()
+
