@@ -5,6 +5,7 @@ of tests/fixtures/official-cocolm/cases.json; the one loader that tells the sche
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from jobs.cli import UserError
 from jobs.data.official_tokenizer import OfficialTokenizer, pre_tokenize
-from jobs.data.schemes import PlatformScheme, load_scheme, scheme_of
+from jobs.data.schemes import PlatformScheme, load_scheme, platform_tokenizer_for, scheme_of
 from jobs.data.tokens.__main__ import main as tokens_main
 from model.fairseq_dictionary import read_dictionary
 
@@ -173,3 +174,12 @@ def test_a_pair_task_encodes_with_the_authors_ids_and_their_tie_rule(tmp_path, o
     short = encode_task(task, FIXTURE, max_length=8)
     assert short.train.lengths().max() <= 8 and short.truncated["train"] == len(task.train)
     assert official.layout([10, 11], [20, 21], 7)[0] == [0, 10, 11, 2, 2, 20, 2]  # a tie: the second text is cut
+
+
+@pytest.mark.parametrize("purpose", ["few-shot fine-tuning", "the [CLS] readouts (cosines, probes)"])
+def test_a_path_that_takes_only_the_platform_tokenizer_says_so_for_the_authors(purpose):
+    """Few-shot and the readouts encode with the platform's tokenizer alone: an authors' directory is one
+    line naming the path, not a missing tokenizer.json."""
+    with pytest.raises(UserError, match="^" + re.escape(f"{purpose} does not take the authors' tokenizer yet")):
+        platform_tokenizer_for(FIXTURE, purpose)
+

@@ -62,6 +62,15 @@ def scheme_of(directory: str | Path) -> str:
     return "platform" if platform else "official"
 
 
+def platform_tokenizer_for(directory: str | Path, purpose: str):
+    """The platform tokenizer of `directory`, for a path that encodes with it alone: an authors' tokenizer
+    there is one error line naming the path that does not take it yet, not a missing tokenizer.json."""
+    if scheme_of(directory) == "official":
+        raise UserError(f"{purpose} does not take the authors' tokenizer yet ({directory} holds {MODEL_FILE} + "
+                        f"{DICTIONARY_FILE}): fine-tuning sweeps do (python -m jobs.finetuning)")
+    return load_tokenizer(directory)
+
+
 def load_scheme(directory: str | Path) -> PlatformScheme | OfficialTokenizer:
     """The tokenizer of `directory`, whichever scheme it holds."""
     return PlatformScheme(directory) if scheme_of(directory) == "platform" else OfficialTokenizer(directory)

@@ -43,7 +43,7 @@ from model.step import AdamW
 
 from jobs import tracking
 from jobs.cli import AT_LEAST_ONE, POSITIVE, Range, UserError, option, parse_options, run_main
-from jobs.data.tokens import load_tokenizer
+from jobs.data.schemes import platform_tokenizer_for
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoders import PretrainedEncoder, resolve_encoder
 from jobs.finetuning.encoding import EncodedSplit, batches, encode_split, special_ids
@@ -274,7 +274,7 @@ def run(opts: FewShotOptions) -> FewShotResult:
         not_applicable = "" if encoder.lm_head_state is not None else (
             f"not applicable: the pretraining variant ({encoder.variant or 'unknown'}) trains no language-model head")
         methods = [m for m in opts.methods if m == "head" or not not_applicable]
-        tokenizer = load_tokenizer(encoder.tokenizer_dir)
+        tokenizer = platform_tokenizer_for(encoder.tokenizer_dir, "few-shot fine-tuning")
         prompts = {t.spec.name: prompt_for(t, opts.tasks) if "prompt" in methods else None for t in tasks}
         tests = {t.spec.name: forms(tokenizer, t, {"test": test_split(t)}, opts.max_length, prompts[t.spec.name])
                  for t in tasks}

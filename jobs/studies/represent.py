@@ -37,7 +37,7 @@ from model.classifier import load_encoder
 from jobs import tracking
 from jobs.cli import AT_LEAST_ONE, Range, UserError, comma_list, option, parse_options, run_main
 from jobs.data.corpus import parse_file, shipped_corpus
-from jobs.data.tokens import load_tokenizer
+from jobs.data.schemes import platform_tokenizer_for
 from jobs.env import set_hermetic_env
 from jobs.finetuning.encoding import batches, encode_split, special_ids
 from jobs.finetuning.tasks.snli import read_snli
@@ -80,7 +80,7 @@ def cls_vectors(encoder: Encoder, tokenizer_dir: Path, texts: list[str], max_len
                 batch_size: int = 64) -> torch.Tensor:
     """The last layer's [CLS] vector of each text encoded alone: (N, H) float tensor."""
     # The fine-tuning format and batching ([CLS] text [SEP], cut to max_length): one way to tokenize and pad.
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = platform_tokenizer_for(tokenizer_dir, "the [CLS] readouts (cosines, probes)")
     unlabelled = Split(list(texts), None, [0] * len(texts), "represent")
     split, _ = encode_split(tokenizer, special_ids(tokenizer, tokenizer_dir), unlabelled, max_length)
     pad = encoder.cfg.pad_token_id
