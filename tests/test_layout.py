@@ -126,6 +126,13 @@ def test_every_file_the_documents_cite_exists():
     assert problems == [], "\n".join(problems)
 
 
+def test_every_measurement_folder_is_in_the_index():
+    """docs/measurements/README.md is where a reader finds what each folder showed and what superseded it."""
+    index = (ROOT / "docs" / "measurements" / "README.md").read_text()
+    folders = [p.name for p in (ROOT / "docs" / "measurements").iterdir() if p.is_dir()]
+    assert folders and [name for name in folders if f"{name}/" not in index and f"`{name}`" not in index] == []
+
+
 def test_every_module_imports_at_the_top():
     """Dependencies are visible at the top of each file: only the optional packages (datasets for GLUE
     from the hub, matplotlib for figures) are imported inside functions."""
