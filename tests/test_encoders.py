@@ -65,3 +65,32 @@ def test_from_last_picks_the_newest_finished_pretraining_run_of_any_experiment(t
         client.set_terminated(run_id, "FINISHED")
     assert latest_pretraining_run(client) == newer
     assert f"pretraining run {newer} (tiny / cocolm, experiment 'ablation-tiny')" in capsys.readouterr().out
+
+
+def test_a_hub_id_is_read_from_the_hugging_face_cache_and_offline_is_one_line(tmp_path, monkeypatch):
+    """`--from microsoft/cocolm-base`: the authors' checkpoint from the Hugging Face cache (here a cache laid
+    out as the hub client writes it, holding the golden fixture: no network in tests), converted like a
+    folder; not cached while offline (the platform's default) is one line saying how to download it."""
+    import shutil
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from jobs.cli import UserError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(UserError, match=r"--from microsoft/cocolm-base: no such directory, and not in the Hugging "
+                                        r"Face cache \(HF_HUB_OFFLINE=1, the platform's default: set HF_HUB_OFFLINE=0"):
+        resolve_encoder("microsoft/cocolm-base", None, tmp_path / "work")
+    revision = "0" * 40
+    repo = tmp_path / "hub" / "models--microsoft--cocolm-base"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    fixture = Path(__file__).resolve().parent / "fixtures" / "official-cocolm"
+    for name in ("config.json", "pytorch_model.bin", "sp.model", "dict.txt"):
+        shutil.copy(fixture / name, snapshot / name)
+    encoder = resolve_encoder("microsoft/cocolm-base", None, tmp_path / "work")
+    assert encoder.cfg.vocab_size == 417 and (encoder.tokenizer_dir / "dict.txt").is_file()

@@ -8,10 +8,14 @@ state dict).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -73,9 +77,12 @@ def latest_pretraining_run(client: MlflowClient) -> str:
 
 
 def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) -> PretrainedEncoder:
-    """A checkpoint directory, an exported encoder directory, a pretraining run id in `tracking_uri`, or
-    `last` for the newest finished pretraining run there."""
+    """A checkpoint directory, an exported encoder directory, the authors' checkpoint directory or its
+    Hugging Face hub id (`microsoft/cocolm-base`), a pretraining run id in `tracking_uri`, or `last` for the
+    newest finished pretraining run there."""
     path = Path(source)
+    if not path.exists() and HUB_ID.fullmatch(source):
+        path = hub_checkpoint(source)
     if path.is_dir():
         if is_official(path):
             return _exported(converted_official(path, workdir), source)
@@ -99,6 +106,23 @@ def resolve_encoder(source: str, tracking_uri: str | None, workdir: str | Path) 
     preset = run.data.params.get("preset") or run.data.tags.get("preset", "")
     return _exported(encoder_dir, source, pretraining_run=source, preset=preset,
                      variant=run.data.tags.get("variant", ""))
+
+
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name, as the hub spells a repository
+OFFICIAL_FILES = ["config.json", "pytorch_model.bin", "model.safetensors", "sp.model", "dict.txt"]
+
+
+def hub_checkpoint(repo_id: str) -> Path:
+    """The authors' checkpoint named by its hub id: its files from the Hugging Face cache, downloaded into it
+    first when the hub may be reached (HF_HUB_OFFLINE is not 1; the platform sets 1 unless the user set it)."""
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=OFFICIAL_FILES))
+    except LocalEntryNotFoundError:
+        how = ("HF_HUB_OFFLINE=1, the platform's default: set HF_HUB_OFFLINE=0 to download it"
+               if hub_constants.HF_HUB_OFFLINE else "and the hub could not be reached")
+        raise UserError(f"--from {repo_id}: no such directory, and not in the Hugging Face cache ({how})") from None
+    except HfHubHTTPError as error:
+        raise UserError(f"--from {repo_id}: the Hugging Face hub refused it ({str(error).splitlines()[0]})") from None
 
 
 def converted_official(directory: Path, workdir: str | Path) -> Path:
