@@ -155,10 +155,9 @@ def attention_ops(preset: str, seq_len: int, batch: int, dropout_p: float, devic
             listed = "; ".join(f"{kind} {len(names)} ({', '.join(names)})" if names else f"{kind} 0"
                                for kind, names in counter.counts.items())
             lines.append(f"ops per call, {name}: kernel launches {len(launches)} ({', '.join(launches)}); {listed}")
-    host, wall = host_and_wall_seconds(lambda: call().backward(torch.ones_like(qkv[:, :, 0].transpose(1, 2))),
-                                       dev, repeats=20, warmup=2)
+    host, wall = host_and_wall_seconds(lambda: call().backward(grad), dev, repeats=20, warmup=2)
     lines.append(f"host {1000 * host:.3f} ms to issue one call forward + backward, {1000 * wall:.3f} ms until done")
-    return lines + [python_profile(lambda: call().backward(torch.ones_like(qkv[:, :, 0].transpose(1, 2))), dev)]
+    return lines + [python_profile(lambda: call().backward(grad), dev)]
 
 
 def python_profile(call: Callable[[], object], device: torch.device, repeats: int = 20, rows: int = 30) -> str:

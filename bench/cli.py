@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
         outcomes = gpu_report.gpu_report(args.gpu_report, args.budget or gpu_report.DEFAULT_BUDGET_S,
                                          toy_shapes=args.toy, only=only)
         raise SystemExit(0 if all(o.status == "exit 0" for o in outcomes) else 1)
+    # attention alone and its ops at the paper's attention dropout unless told otherwise
+    dropout_p = 0.1 if args.attention_dropout is None else args.attention_dropout
     if args.attention_ops:
-        dropout_p = 0.1 if args.attention_dropout is None else args.attention_dropout
         print(f"attention ops: preset={args.preset} B={args.batch_size} T={args.seq_len} dropout={dropout_p}")
         print("\n".join(attention_ops(args.preset, args.seq_len, args.batch_size, dropout_p, args.device)))
         return
@@ -180,7 +181,6 @@ def main(argv: list[str] | None = None) -> None:
         print(compiles_line(args.preset, args.seq_len, args.variant, args.attention_dropout))
         return
     if args.attention_alone:
-        dropout_p = 0.1 if args.attention_dropout is None else args.attention_dropout
         print(f"attention alone: preset={args.preset} B={args.batch_size} T={args.seq_len} dropout={dropout_p} "
               f"torch={torch.__version__}; ms per call: forward, forward + backward")
         for name, times in attention_alone(args.preset, args.seq_len, args.batch_size, dropout_p, args.device,

@@ -7,7 +7,7 @@
         [--experiment NAME] [--dry-run]
 
 Its first lines are the plan (the pretraining runs and controls; with --tasks, each run's sweep and the
-trials in all); `--dry-run` prints them once the configs, the corpus and the tasks are checked, and runs
+trials in all); `--dry-run` prints them once the configs, the corpus and the task names are checked, and runs
 nothing.
 
 The pretraining run is the unit of replication: `--pretraining-seeds N` pretrains every variant N times,
@@ -53,6 +53,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -66,7 +67,7 @@ from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, comma_list, option, 
 from jobs.env import set_hermetic_env
 from jobs.finetuning.grid import load_grid
 from jobs.finetuning.sweep import SweepOptions, plan_line
-from jobs.finetuning.tasks import load_tasks
+from jobs.finetuning.tasks import benchmark_task_names, load_tasks
 from jobs.finetuning.sweep import run as run_sweep
 from jobs.names import (COMPARABLE_METRICS, GATE_TAG, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
                         RANDOM_INIT_VARIANT, REPRESENT_METRICS, STOP_TAG)
@@ -127,7 +128,7 @@ class AblationOptions:
         "checkpoint storage (default: $COCOLM_HOME/ray_results)"))
     experiment: str | None = field(default=None, metadata=option("MLflow experiment (default: ablation-<preset>)"))
     dry_run: bool = field(default=False, metadata=option(
-        "print the plan (pretraining runs, controls, trials) after checking the configs, corpus and tasks; run nothing"))
+        "print the plan (pretraining runs, controls, trials) after checking the configs, corpus and task names; run nothing"))
 
     @property
     def experiment_name(self) -> str:
@@ -219,8 +220,11 @@ def plan_lines(opts: AblationOptions, configs: dict[tuple[int, str], PretrainCon
     if opts.tasks:
         grid = load_grid(opts.grid)
         lr_set = grid.lr_set(None, opts.preset)
-        points = [{**point, "label_fraction": fraction} for task in load_tasks(opts.tasks, opts.data_dir)
-                  for fraction in opts.label_fractions for point in grid.points(task.spec.name, lr_set)]
+        # a benchmark's grid points need its task names only: its data is read once, by each sweep
+        names = ([task.spec.name for task in load_tasks(opts.tasks)] if Path(opts.tasks).exists()
+                 else benchmark_task_names(opts.tasks))
+        points = [{**point, "label_fraction": fraction} for name in names
+                  for fraction in opts.label_fractions for point in grid.points(name, lr_set)]
         per_run = plan_line(points, opts.seeds, grid.name, lr_set).removeprefix("plan: ")
         total = (len(configs) + controls) * len(points) * len(opts.seeds)
         lines.append(f"plan: each of the {len(configs) + controls} runs swept on {per_run}; {total} trials in all")

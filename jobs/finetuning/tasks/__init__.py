@@ -33,6 +33,11 @@ def load_tasks(which: str, data_dir: str | Path | None = None, kind: str | None 
     """A comma list of task names ('glue' standing for all eight), or one user task file or folder."""
     if Path(which).exists():
         return [read_user_task(which, kind)]
+    return [_read(name, data_dir) for name in benchmark_task_names(which)]
+
+
+def benchmark_task_names(which: str) -> list[str]:
+    """The benchmark tasks a comma list names, each once in the order given, without reading their data."""
     names = []
     for name in (n.strip().lower() for n in which.split(",") if n.strip()):
         names += list(GLUE) if name == "glue" else [GLUE_ALIASES.get(name, name)]
@@ -40,7 +45,7 @@ def load_tasks(which: str, data_dir: str | Path | None = None, kind: str | None 
     if unknown or not names:
         raise UserError(f"--tasks {which!r}: {', '.join(map(repr, unknown or [which]))} is neither a task "
                          f"({['glue', 'snli', SQUAD_V2.name, *GLUE]}) nor an existing file or folder")
-    return [_read(name, data_dir) for name in dict.fromkeys(names)]  # each task once, in the order given
+    return list(dict.fromkeys(names))
 
 
 def _read(name: str, data_dir: str | Path | None) -> Task:
