@@ -22,10 +22,7 @@ import reprlib
 import sys
 import typing
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "COCOLM_DEBUG"
@@ -75,39 +72,6 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
             raise
         print(f"error: {error}\n(the traceback: add {DEBUG_FLAG} or set {DEBUG_ENV}=1)", file=sys.stderr)
         raise SystemExit(1) from None
-
-
-def read_yaml(path: Path) -> Any:
-    """A YAML file that a user passes or edits (preset, variant overlay, grid), parsed before any work
-    starts; a missing file, a syntax error or an alias is a UserError naming the file and the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read {path}: {error}") from error
-    return load_yaml(text, str(path))
-
-
-class NoAliasLoader(yaml.SafeLoader):
-    """yaml.SafeLoader minus aliases (`*name`). A 414-byte file of nested aliases expands to a billion
-    values ("billion laughs"): loading it is cheap, but anything that then walks the value (a check,
-    an error message) hangs. No preset, variant, grid or config this platform writes uses one."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "an alias (*name), which this platform does not "
-                                              "accept: write the value out", self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-
-def load_yaml(text: str, where: str) -> Any:
-    """YAML text from a user's file or flag, without aliases; an error names `where` and the line."""
-    try:
-        return yaml.load(text, Loader=NoAliasLoader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        at = f"{where}, line {mark.line + 1}" if mark is not None else where
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise UserError(f"{at}: not valid YAML ({problem})") from error
 
 
 _SHORT = reprlib.Repr()

@@ -44,7 +44,8 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from jobs.cli import UserError, read_yaml
+from jobs.cli import UserError
+from jobs.config_reader import read_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBERAY_CRD = ROOT / "tests" / "fixtures" / "kuberay-crd" / "ray.io_rayjobs-v1.5.1.yaml.gz"

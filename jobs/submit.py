@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import jobs
-from jobs.cli import UserError, read_yaml, run_main
+from jobs.cli import UserError, run_main
+from jobs.config_reader import read_yaml
 from jobs.tracking import COMMIT_ENV, git_commit
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"

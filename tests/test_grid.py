@@ -33,7 +33,7 @@ def test_the_study_grid_brackets_electra_smalls_fine_tuning_rate_on_all_of_snli(
 
 def test_grid_errors_name_the_key(tmp_path):
     (tmp_path / "g.yaml").write_text("spaces: {s: {epochs: [1], lr: [1e-3], batch_size: [8], warmup: [0.1], lrs: [1]}}\n")
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['lrs'\]"):
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['spaces.s.lrs'\]"):
         load_grid(str(tmp_path / "g.yaml"))
     with pytest.raises(ValueError, match="unknown grid 'nope'"):
         load_grid("nope")

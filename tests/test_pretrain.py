@@ -127,7 +127,7 @@ def test_overrides_are_typed_and_have_the_last_word():
     ("optim.lr=1", "unknown section 'optim'"),
     ("train.max_steps", "expected section.key=value"),
     ("objective.use_scl=maybe", "must be true or false"),
-    ("train.max_steps=many", "must be a number"),
+    ("train.max_steps=many", "train.max_steps=.many. is not a whole number"),
     ("train.max_steps=[5", r"--set train.max_steps: cannot read the value '\[5'"),  # was a 48-line PyYAML traceback
     ("model.vocab_size=500", "set data.vocab_size"),  # one vocabulary size: the tokenizer's
 ])

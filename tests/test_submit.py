@@ -109,7 +109,7 @@ def test_a_runtime_env_of_nested_aliases_is_one_quick_error_line(tmp_path):
     start = time.monotonic()
     result, seen = _submit(tmp_path, "--runtime-env", str(bomb), "--", "true", timeout=60)
     assert time.monotonic() - start < 30 and result.returncode == 1 and not seen
-    # YAML is read without aliases (jobs.cli.load_yaml): one line naming the file and the alias's line
+    # YAML is read without aliases (jobs.config_reader.load_yaml): one line naming the file and the alias's line
     assert result.stderr.splitlines()[0].startswith(f"error: {bomb}, line 2: not valid YAML (an alias")
     # The same aliases as a value of env_vars
     bomb.write_text(_bomb().replace("- &", "  - &").replace("  - &a0", "x:\n  - &a0") + "env_vars: {P: *a8}\n")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 
-from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, UserError, read_yaml, short_repr
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, UserError, short_repr
+from jobs.config_reader import read_yaml, typed
 from jobs.names import fraction_target
 
 GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
@@ -16,6 +16,10 @@ GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
 
 @dataclass(frozen=True)
 class Space:
+    """One search space: every combination of its lists is a grid point. `lr` is the peak learning rate of
+    the linear warm-up and decay, the quantity a pretraining preset calls `train.peak_lr`: a grid names it
+    as the fine-tuning papers' tables do (and the trials' names, `-lr5e-05-`, and MLflow params follow)."""
+
     epochs: tuple[int, ...]
     lr: tuple[float, ...]
     batch_size: tuple[int, ...]
@@ -77,64 +81,33 @@ def load_grid(name_or_path: str) -> Grid:
     raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a grid is a mapping (max_length:, spaces:, tasks:), not {short_repr(raw)}")
-    _check_keys(raw, {"max_length", "max_train", "max_dev", "spaces", "tasks"}, str(path))
-    spaces = {}
-    for name, values in (raw.get("spaces") or {}).items():
-        _check_keys(values, {f.name for f in fields(Space)}, f"{path}: spaces.{name}")
-        missing = [k for k in ("epochs", "lr", "batch_size", "warmup") if k not in values]
+    for name, space in (raw.get("spaces") or {}).items():
+        missing = [k for k in LISTS if isinstance(space, dict) and k not in space]
         if missing:
             raise UserError(f"{path}: spaces.{name} lacks {missing}")
-        lists = {k: _numbers(path, f"spaces.{name}.{k}", values[k], *rule) for k, rule in SPACE_LISTS.items()}
-        by_preset = {k: _numbers(path, f"spaces.{name}.lr_by_preset.{k}", lrs, *SPACE_LISTS["lr"])
-                     for k, lrs in (values.get("lr_by_preset") or {}).items()}
-        scalars = {k: _number(path, f"spaces.{name}.{k}", values[k], int, SCALARS[k]) for k in SCALARS if k in values}
-        spaces[name] = Space(**lists, lr_by_preset=by_preset, **scalars)
-    tasks = {str(k).lower(): str(v) for k, v in (raw.get("tasks") or {}).items()}
+    values = typed(Grid, raw, ranges=RANGES, where=str(path), settable=SETTABLE)
+    for name, space in values.get("spaces", {}).items():
+        for key in LISTS:
+            if not getattr(space, key):
+                raise UserError(f"{path}: spaces.{name}.{key} must be a list of one or more values, not []")
+    spaces = values.get("spaces", {})
+    tasks = {str(k).lower(): str(v) for k, v in (values.get("tasks") or {}).items()}
     unknown = sorted(set(tasks.values()) - set(spaces))
     if not spaces or unknown:
         raise UserError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
-    top = {k: _number(path, k, raw[k], int, SCALARS[k]) for k in ("max_length", "max_train", "max_dev") if k in raw}
-    return Grid(path.stem, spaces, tasks, **top)
+    return Grid(**{**values, "name": path.stem, "spaces": spaces, "tasks": tasks})
 
 
-# Every number a grid gives, checked when the grid is read (before Ray starts) by the range rules of the
-# presets and options (jobs.cli): (type, range) per list of a space; the range of each single number.
-SPACE_LISTS = {"epochs": (int, AT_LEAST_ONE), "lr": (float, POSITIVE), "batch_size": (int, AT_LEAST_ONE),
-               "warmup": (float, PROBABILITY)}  # warm-up: a fraction of the steps, 1 would leave none to train
+# What a grid file sets (its name is its file's), and the range of every number it gives, by the rules of
+# the presets and options (jobs.config_reader), checked when the grid is read, before Ray starts.
+SETTABLE = ("max_length", "max_train", "max_dev", "spaces", "tasks")
+LISTS = ("epochs", "lr", "batch_size", "warmup")  # the lists every space gives
 MAX_LENGTH = Range(8)  # tokens per example: room for the special tokens and some text (--max-length too)
-SCALARS = {"max_length": MAX_LENGTH, "doc_stride": AT_LEAST_ONE, "max_question_length": AT_LEAST_ONE,
-           "max_train": NON_NEGATIVE, "max_dev": NON_NEGATIVE}
-
-
-def _numbers(path: Path, key: str, values: Any, kind: type, bounds: Range) -> tuple:
-    """A grid's list of values at `key`, each of `kind` and in `bounds`; else one line naming file, key and value."""
-    if not isinstance(values, list) or not values:
-        raise UserError(f"{path}: {key} must be a list of one or more values, not {short_repr(values)}")
-    return tuple(_number(path, key, value, kind, bounds) for value in values)
-
-
-def _number(path: Path, key: str, value: Any, kind: type, bounds: Range) -> int | float:
-    """One value of a grid as `kind` (YAML reads 1e-3 as a string, so strings are converted), finite and in
-    `bounds`; 2.5 epochs is not an int, not 2."""
-    try:
-        number = None if isinstance(value, bool) else kind(float(value) if kind is int else value)
-        if number is not None and (not math.isfinite(number) or kind is int and number != float(value)):
-            number = None
-    except (TypeError, ValueError, OverflowError):
-        number = None
-    if number is None:
-        raise UserError(f"{path}: {key}={short_repr(value)} is not {'a whole' if kind is int else 'a finite'} number")
-    try:
-        bounds.check(key, number)
-    except UserError as error:
-        raise UserError(f"{path}: {error}") from None
-    return number
-
-
-def _check_keys(values: dict, known: set[str], where: str) -> None:
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+RANGES = {"max_length": MAX_LENGTH, "max_train": NON_NEGATIVE, "max_dev": NON_NEGATIVE,
+          **{f"spaces.{key}": bounds for key, bounds in {
+              "epochs": AT_LEAST_ONE, "lr": POSITIVE, "lr_by_preset": POSITIVE, "batch_size": AT_LEAST_ONE,
+              "warmup": PROBABILITY,  # a fraction of the steps: 1 would leave none to train
+              "max_length": MAX_LENGTH, "doc_stride": AT_LEAST_ONE, "max_question_length": AT_LEAST_ONE}.items()}}
 
 
 def data_key(point: dict[str, Any]) -> str:

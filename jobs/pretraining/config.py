@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,9 @@ import yaml
 from model import VARIANTS, ModelConfig, ObjectiveConfig, model_size, variant
 from model.step import OptimizerConfig
 
-from jobs.cli import (AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, PROBABILITY, NoAliasLoader, Range,
-                      UserError, check_name, load_yaml, read_yaml, redact, short_repr)
+from jobs.cli import (AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, PROBABILITY, Range, UserError, check_name,
+                      redact, short_repr)
+from jobs.config_reader import NoAliasLoader, load_yaml, read_yaml, typed
 
 from jobs.data.config import DataConfig
 
@@ -263,61 +264,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-# Keys that moved, with where they live now: an old preset or --set gets one line naming the new key.
+# Keys that moved, with where they live now: an old preset or --set gets one line naming the new key, and
+# an old checkpoint's config.yaml loads (`_migrated`).
 RENAMED = {f"train.{old}": f"train.adamw.{new}" for old, new in
            (("weight_decay", "weight_decay"), ("adam_beta1", "beta1"), ("adam_beta2", "beta2"), ("adam_eps", "eps"))}
-
-
-def _coerce(cls: type, section: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Check keys against the dataclass and coerce YAML scalars to the field's type (YAML reads 1e-3 as a
-    string). A nested config (train.adamw) takes a mapping or dotted keys (`adamw.eps`)."""
-    known = {f.name: f for f in fields(cls)}
-    values = _nest(values)
-    moved = [f"{section}.{k} is now {RENAMED[f'{section}.{k}']}" for k in values if f"{section}.{k}" in RENAMED]
-    if moved:
-        raise UserError(f"renamed config key(s): {'; '.join(moved)}")
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise UserError(f"unknown config key(s) {[f'{section}.{k}' for k in unknown]}; "
-                         f"known {section} keys: {sorted(known)}")
-    out = {}
-    for key, value in values.items():
-        f = known[key]
-        nested = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
-        default = f.default
-        if nested is not None:
-            if not isinstance(value, dict):
-                raise UserError(f"{section}.{key} takes keys {[g.name for g in fields(nested)]}, not {value!r}")
-            value = nested(**_coerce(nested, f"{section}.{key}", value))
-        elif isinstance(default, tuple) and isinstance(value, list):
-            value = tuple(value)  # frozen configs hold tuples; YAML and JSON give lists
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise UserError(f"{section}.{key} must be true or false, not {value!r}")
-        elif isinstance(default, (int, float)) and value is not None:
-            try:
-                value = type(default)(float(value)) if isinstance(default, int) else float(value)
-            except (TypeError, ValueError):
-                raise UserError(f"{section}.{key} must be a number, not {value!r}") from None
-        out[key] = value
-    return out
-
-
-def _nest(values: dict[str, Any]) -> dict[str, Any]:
-    """{"adamw.eps": 1e-6, "adamw": {"beta1": 0.9}} -> {"adamw": {"eps": 1e-6, "beta1": 0.9}}."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        head, dot, rest = key.partition(".")
-        if dot:
-            inner = out.setdefault(head, {})
-            if isinstance(inner, dict):
-                inner[rest] = value
-                continue
-        if isinstance(value, dict):  # a copy: the dotted keys above must not write into a preset's mapping
-            out[key] = {**value, **out[key]} if isinstance(out.get(key), dict) else dict(value)
-        else:
-            out[key] = value
-    return out
 
 
 def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | None = None) -> PretrainConfig:
@@ -333,8 +283,7 @@ def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | No
         raise UserError("model.vocab_size is not set by hand: the model's vocabulary is the tokenizer's; set "
                          "data.vocab_size (the size of the tokenizer trained when data.tokenizer_dir is not given)")
     size = merged["model"].pop("size", preset)
-    given = {name: _coerce(cls, name, merged[name]) for name, cls in SECTIONS.items()}
-    check_ranges(given)  # before any config's own checks divide by a count of 0
+    given = {name: typed(cls, merged[name], name, ranges_of(name), renamed=RENAMED) for name, cls in SECTIONS.items()}
     with _config_errors():
         model_cfg = model_size(size, **given.pop("model"))
         cfg = PretrainConfig(preset=preset, variant=variant_name, model=model_cfg,
@@ -383,13 +332,9 @@ RANGES: dict[str, Range] = {
 }
 
 
-def check_ranges(sections: dict[str, dict[str, Any]]) -> None:
-    """UserError for the first numeric key outside its range (RANGES), of the keys given per section."""
-    for section, values in sections.items():
-        plain = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
-        for key, value in _dotted(section, plain).items():
-            if key in RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
-                RANGES[key].check(key, value)
+def ranges_of(section: str) -> dict[str, Range]:
+    """RANGES of one section, by the key below it (`adamw.eps` for train.adamw.eps), as `typed` takes them."""
+    return {key.split(".", 1)[1]: bounds for key, bounds in RANGES.items() if key.startswith(f"{section}.")}
 
 
 def with_vocab_size(cfg: PretrainConfig, vocab_size: int) -> PretrainConfig:
@@ -411,7 +356,8 @@ def from_yaml(text: str) -> PretrainConfig:
     unknown = sorted(set(raw) - {"preset", "variant", *SECTIONS})
     if unknown:
         raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, {', '.join(SECTIONS)}")
-    sections = {name: cls(**_coerce(cls, name, _migrated(name, raw.get(name) or {}))) for name, cls in SECTIONS.items()}
+    sections = {name: cls(**typed(cls, _migrated(name, raw.get(name) or {}), name, ranges_of(name), "config.yaml"))
+                for name, cls in SECTIONS.items()}
     return PretrainConfig(preset=raw["preset"], variant=raw["variant"], **sections)
 
 
