@@ -7,7 +7,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from model import build_pretraining_model
-from jobs.finetuning.encoders import resolve_encoder
+from jobs.pretraining.encoders import resolve_encoder
 from jobs.names import KIND_PRETRAINING, KIND_TAG, PRETRAINING_SEED_TAG, RANDOM_INIT_VARIANT
 from jobs.pretraining.config import resolve, with_vocab_size
 from jobs.runs import BUDGET_PARAMS, pretraining_runs

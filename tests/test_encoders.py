@@ -1,4 +1,4 @@
-"""jobs.finetuning.encoders: the encoder a sweep fine-tunes, from an export, a checkpoint or the newest run."""
+"""jobs.pretraining.encoders: the encoder a sweep fine-tunes, from an export, a checkpoint or the newest run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from jobs.finetuning.encoders import encoder_from_checkpoint, resolve_encoder
+from jobs.pretraining.encoders import encoder_from_checkpoint, resolve_encoder
 from model import Encoder
 from model.classifier import SequenceClassifier, load_encoder
 from helpers import tiny_encoder_config
@@ -47,7 +47,7 @@ def test_a_checkpoint_dir_gives_its_main_encoder(tmp_path, tokenizer_dir):
 def test_from_last_picks_the_newest_finished_pretraining_run_of_any_experiment(tmp_path, capsys):
     """After an ablation study the newest pretraining run is in `ablation-<preset>`, not `pretraining`;
     sweeps and unfinished runs are never taken."""
-    from jobs.finetuning.encoders import latest_pretraining_run
+    from jobs.pretraining.encoders import latest_pretraining_run
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     with pytest.raises(ValueError, match="no finished pretraining run"):

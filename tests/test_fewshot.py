@@ -17,7 +17,7 @@ from model import Encoder
 from model.classifier import load_encoder, load_lm_head
 from model.export import export_encoder
 from model.heads import CLMHead
-from jobs.finetuning.encoders import resolve_encoder
+from jobs.pretraining.encoders import resolve_encoder
 from jobs.finetuning.prompts import (BUILT_IN, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,
                                      prompt_for, prompt_input, render, sample_demos)
 from jobs.finetuning.tasks.snli import read_snli

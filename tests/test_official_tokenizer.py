@@ -147,7 +147,7 @@ def test_the_tokens_command_runs_as_a_module_and_names_a_bad_directory(tmp_path)
 
 
 def test_fine_tuning_from_an_authors_directory_converts_it_once_into_the_run_storage(tmp_path, capsys):
-    from jobs.finetuning.encoders import resolve_encoder
+    from jobs.pretraining.encoders import resolve_encoder
     from model.classifier import load_encoder
 
     encoder = resolve_encoder(str(FIXTURE), None, tmp_path)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from model import Encoder
 from model.classifier import SpanExtractor
 from jobs.cli import UserError
-from jobs.finetuning.encoders import resolve_encoder
+from jobs.pretraining.encoders import resolve_encoder
 from jobs.finetuning.encoding import encode_task
 from jobs.finetuning.grid import load_grid
 from jobs.finetuning.sweep import SweepOptions, run

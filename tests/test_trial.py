@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.finetuning.encoders import resolve_encoder
+from jobs.pretraining.encoders import resolve_encoder
 from jobs.finetuning.encoding import encode_task
 from jobs.finetuning.tasks.user import read_user_task
 from jobs.finetuning.trial import TrialConfig, fine_tune

@@ -45,7 +45,7 @@ from jobs import tracking
 from jobs.cli import AT_LEAST_ONE, POSITIVE, Range, UserError, option, parse_options, run_main
 from jobs.data.schemes import platform_tokenizer_for
 from jobs.env import set_hermetic_env
-from jobs.finetuning.encoders import PretrainedEncoder, resolve_encoder
+from jobs.pretraining.encoders import PretrainedEncoder, resolve_encoder
 from jobs.finetuning.encoding import EncodedSplit, batches, encode_split, special_ids
 from jobs.finetuning.engine import Batch, Schedule, bf16_autocast, pick_device, train
 from jobs.finetuning.prompts import (SPLIT_SEEDS, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,

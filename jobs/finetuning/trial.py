@@ -27,7 +27,7 @@ from model import Encoder
 from model.classifier import SequenceClassifier, SpanExtractor
 from model.step import AdamW
 
-from jobs.finetuning.encoders import PretrainedEncoder
+from jobs.pretraining.encoders import PretrainedEncoder
 from jobs.finetuning.encoding import EncodedSplit, EncodedTask, batches
 from jobs.finetuning.engine import Batch, Schedule, bf16_autocast, pick_device, train
 from jobs.finetuning.tasks.specs import SPAN_METRICS, TaskSpec, evaluate

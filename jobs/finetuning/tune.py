@@ -37,7 +37,7 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from jobs import faults, tracking
 from jobs.cli import NON_NEGATIVE, POSITIVE, option
-from jobs.finetuning.encoders import PretrainedEncoder
+from jobs.pretraining.encoders import PretrainedEncoder
 from jobs.names import ATTEMPT_TAG, ERROR_TAG, KIND_TAG, KIND_TRIAL, TRIAL_TAG
 from jobs.ray_session import init_ray
 

@@ -99,6 +99,9 @@ class PretrainConfig:
     data: DataConfig
     train: TrainConfig
     cluster: ClusterConfig
+    # Where the main encoder's weights came from (`--init-from`: a directory, a hub id or a run id), "" for a
+    # fresh initialisation. A setting like the preset: two sources of one shape are two runs, not one resumed.
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         """Every world size the run may take (elastic runs shrink and grow) keeps the global batch:
@@ -144,14 +147,17 @@ class PretrainConfig:
         return dataclasses.asdict(self)
 
     def redacted(self) -> PretrainConfig:
-        """This config as it may be shown or stored (params, config.yaml, checkpoints): corpus URIs
-        without the credentials in them (jobs.cli.redact)."""
-        return dataclasses.replace(self, data=dataclasses.replace(self.data, paths=tuple(map(redact, self.data.paths))))
+        """This config as it may be shown or stored (params, config.yaml, checkpoints): corpus URIs and the
+        source a run started from without the credentials in them (jobs.cli.redact)."""
+        return dataclasses.replace(self, data=dataclasses.replace(self.data, paths=tuple(map(redact, self.data.paths))),
+                                   init_from=redact(self.init_from))
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys, as MLflow params and as `--set` takes them; corpus URIs redacted."""
         shown = self.redacted()
         out: dict[str, Any] = {"preset": self.preset, "variant": self.variant}
+        if self.init_from:  # only where set: a fresh run's params, and so its name's hash, stay what they were
+            out["init_from"] = shown.init_from
         for section in SECTIONS:
             out.update(_dotted(section, dataclasses.asdict(getattr(shown, section))))
         return out
@@ -270,9 +276,11 @@ RENAMED = {f"train.{old}": f"train.adamw.{new}" for old, new in
            (("weight_decay", "weight_decay"), ("adam_beta1", "beta1"), ("adam_beta2", "beta2"), ("adam_eps", "eps"))}
 
 
-def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | None = None) -> PretrainConfig:
+def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | None = None, init_from: str = "",
+            shape: dict[str, Any] | None = None) -> PretrainConfig:
     """Preset, then the variant's overlays, then the preset's word on this variant (its `variants:`
-    section), then the user's overrides: the user has the last word."""
+    section), then the user's overrides: the user has the last word. A run started from a checkpoint
+    (`init_from`) takes that checkpoint's `shape` (model fields) in place of the preset's size."""
     layers, for_variants = load_preset(preset)
     overlays = variant_overlays(variant_name)
     recipe = for_variants.get(variant_name, {})
@@ -284,11 +292,23 @@ def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | No
                          "data.vocab_size (the size of the tokenizer trained when data.tokenizer_dir is not given)")
     size = merged["model"].pop("size", preset)
     given = {name: typed(cls, merged[name], name, ranges_of(name), renamed=RENAMED) for name, cls in SECTIONS.items()}
+    model_keys = on_shape(given.pop("model"), shape or {}, init_from)
     with _config_errors():
-        model_cfg = model_size(size, **given.pop("model"))
-        cfg = PretrainConfig(preset=preset, variant=variant_name, model=model_cfg,
+        model_cfg = model_size(size, **model_keys)
+        cfg = PretrainConfig(preset=preset, variant=variant_name, model=model_cfg, init_from=init_from,
                              **{name: SECTIONS[name](**values) for name, values in given.items()})
     return with_vocab_size(cfg, cfg.data.vocab_size)
+
+
+def on_shape(given: dict[str, Any], shape: dict[str, Any], source: str) -> dict[str, Any]:
+    """The model keys a preset, variant or --set gave, with a checkpoint's shape in place of the size's: a
+    key given otherwise than the checkpoint has would not fit its weights, so it is one line naming both."""
+    for key, value in shape.items():
+        if key in given and given[key] != value:
+            raise UserError(f"model.{key}={given[key]} (from the preset, the variant or --set) conflicts with "
+                            f"--init-from {redact(source)}, whose encoder has {key}={value}: the run takes the "
+                            f"checkpoint's shape, so leave model.{key} out or start from another checkpoint")
+    return {**given, **shape}
 
 
 @contextlib.contextmanager
@@ -353,12 +373,13 @@ def from_yaml(text: str) -> PretrainConfig:
     """A resolved config back from `to_yaml` (a checkpoint's config.yaml) into the same dataclasses,
     every key checked as `resolve` checks them: `from_yaml(to_yaml(cfg)) == cfg`."""
     raw = load_yaml(text, "config.yaml")
-    unknown = sorted(set(raw) - {"preset", "variant", *SECTIONS})
+    unknown = sorted(set(raw) - {"preset", "variant", "init_from", *SECTIONS})
     if unknown:
-        raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, {', '.join(SECTIONS)}")
+        raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, init_from, {', '.join(SECTIONS)}")
     sections = {name: cls(**typed(cls, _migrated(name, raw.get(name) or {}), name, ranges_of(name), "config.yaml"))
                 for name, cls in SECTIONS.items()}
-    return PretrainConfig(preset=raw["preset"], variant=raw["variant"], **sections)
+    return PretrainConfig(preset=raw["preset"], variant=raw["variant"], init_from=raw.get("init_from") or "",
+                          **sections)
 
 
 def _migrated(section: str, values: dict[str, Any]) -> dict[str, Any]:

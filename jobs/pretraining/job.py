@@ -2,29 +2,36 @@
 
     python -m jobs.pretraining --preset tiny|study|small|base|base++|large++ --variant NAME [--set key.sub=value ...]
         [--corpus PATH ...] [--tokenizer DIR] [--tracking-uri URI] [--storage URI] [--workers N]
-        [--gpus-per-worker G] [--name RUN_NAME] [--experiment NAME]
+        [--gpus-per-worker G] [--name RUN_NAME] [--experiment NAME] [--init-from DIR|HUB_ID|RUN_ID|last]
 
 With no cluster it starts a local Ray; under `ray job submit` it joins that cluster. Re-running
 the same command (same resolved config, or the same --name with the same settings) resumes the run
 from its last checkpoint, in the same MLflow run; a finished run is reported and not run again. A
 named run given other settings, or a run another command holds, is an error before Ray starts.
+`--init-from` continues pretraining an encoder (the authors' released checkpoint, an export, a checkpoint or a
+run): the main encoder starts from its weights, with its shape and its tokenizer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import ray
 import ray.train
 import torch
 from mlflow.tracking import MlflowClient
 from ray.train.torch import TorchTrainer
 
 from model import build_pretraining_model
+from model.config import EncoderShape
 from model.export import export_encoder
 
 from jobs import faults, tracking
@@ -32,13 +39,16 @@ from jobs import faults, tracking
 from jobs.data.corpus import SHIPPED, skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs, ingest_config
 from jobs.data.tokenizer import resolve_tokenizer
+from jobs.data.schemes import scheme_of
 from jobs.data.tokens import load_tokenizer
-from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options
+from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options, redact
 from jobs.env import set_hermetic_env
+from jobs.pretraining.encoders import LATEST, PretrainedEncoder, latest_pretraining_run, resolve_encoder
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
-from jobs.pretraining.config import PretrainConfig, available_presets, resolve, to_yaml, with_vocab_size
-from jobs.pretraining.loop import (LONG_SHARD, LoopContext, check_aux_checkpoint, check_step_options,
+from jobs.pretraining.config import (PretrainConfig, available_presets, on_shape, parse_overrides, resolve, to_yaml,
+                                    with_vocab_size)
+from jobs.pretraining.loop import (LONG_SHARD, InitWeights, LoopContext, check_aux_checkpoint, check_step_options,
                                   storage_failure_in, train_loop_per_worker)
 from jobs.ray_session import init_ray
 
@@ -54,9 +64,10 @@ class PretrainResult:
 
 
 def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | None = None, name: str | None = None,
-        experiment: str = PRETRAINING_EXPERIMENT) -> PretrainResult:
+        experiment: str = PRETRAINING_EXPERIMENT, init: InitSource | None = None) -> PretrainResult:
     """Check, train, export. Everything a user can get wrong is checked before Ray starts and before
-    the run is touched: the name, the tracking store, the inputs, the storage, a named run's settings,
+    the run is touched: the name, the tracking store, the source a run starts from (`cfg.init_from`;
+    `init` when the caller resolved it already), the inputs, the storage, a named run's settings,
     whether another command holds the run."""
     set_hermetic_env()
     if name is not None:
@@ -68,6 +79,9 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     check_compile_toolchain(cfg)
     check_aux_checkpoint(cfg)
     check_corpus(cfg)
+    if cfg.init_from:
+        init = init or resolve_init(cfg.init_from, tracking_uri)
+        check_init(cfg, init)
     check_inputs(cfg.data)  # before Ray starts
     storage = storage or tracking.default_storage()
     tracking.check_storage(storage)
@@ -87,11 +101,12 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
             print(f"run {run_name} already finished (MLflow run {existing.info.run_id}); checkpoint: {done}")
             return PretrainResult(existing.info.run_id, run_name, done, tracking_uri, "ALREADY_FINISHED")
         checkpoint.newest_intact(storage, run_name)  # torn ones set aside: Ray resumes from the newest intact one
-        return _train(cfg, client, experiment_id, experiment, run_name, tracking_uri, storage)
+        return _train(cfg, client, experiment_id, experiment, run_name, tracking_uri, storage,
+                      init if cfg.init_from else None)
 
 
 def _train(cfg: PretrainConfig, client: MlflowClient, experiment_id: str, experiment: str, run_name: str,
-           tracking_uri: str, storage: str) -> PretrainResult:
+           tracking_uri: str, storage: str, init: InitSource | None) -> PretrainResult:
     """Ray, the stream, the MLflow run (new or resumed), training and export, for a run this command holds."""
     init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
     stream = build_stream(cfg.data, resolve_tokenizer(cfg.data))
@@ -106,7 +121,7 @@ def _train(cfg: PretrainConfig, client: MlflowClient, experiment_id: str, experi
         _log_config(client, run_id, cfg)
         print(f"MLflow run {run_id} ({'resuming' if status != 'NEW' else 'new'}) in experiment {experiment!r} "
               f"at {tracking_uri}", flush=True)
-        checkpoint_path = _fit(cfg, stream, run_id, run_name, tracking_uri, storage)
+        checkpoint_path = _fit(cfg, stream, run_id, run_name, tracking_uri, storage, init)
         _finish(client, run_id, cfg, stream, checkpoint_path)
     print(f"\nMLflow run id: {run_id}\ncheckpoint:    {checkpoint_path}\n"
           + tracking.ui_links(tracking_uri, experiment_id, run_id))
@@ -178,7 +193,8 @@ def _log_config(client: MlflowClient, run_id: str, cfg: PretrainConfig) -> None:
     client.log_text(run_id, to_yaml(cfg), "config.yaml")
 
 
-def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracking_uri: str, storage: str) -> str:
+def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracking_uri: str, storage: str,
+         init: InitSource | None = None) -> str:
 
 
     c = cfg.cluster
@@ -186,7 +202,7 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
     fail_at_step = faults.planned().pretraining_step
     marker = str(Path(storage) / run_name / "injected_failure") if fail_at_step else ""
     ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), fail_at_step, marker,
-                      f"{storage.rstrip('/')}/{run_name}")
+                      f"{storage.rstrip('/')}/{run_name}", ray.put(init.weights()) if init else None)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "ctx": ctx},
@@ -240,6 +256,94 @@ def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stre
     client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_path)
 
 
+# ----------------------------------------------------------------------------- --init-from
+
+# The checkpoint's fields a run started from it takes: what its weights are and compute. Dropout is the
+# recipe's (the study presets turn it off), and the vocabulary is its tokenizer's (`init_config`).
+SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(EncoderShape)
+                     if f.name not in ("vocab_size", "dropout", "attention_dropout"))
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """What `--init-from` names, resolved on the driver: the encoder, and the auxiliary where the source
+    is a pretraining checkpoint that kept one (with the rule it was built by)."""
+
+    source: str  # as the run's config records it: as given, a run id for `last`
+    encoder: PretrainedEncoder
+    aux: dict[str, torch.Tensor] | None = None
+    aux_shape: dict[str, Any] = field(default_factory=dict)  # aux_layers, aux_width_divisor of that auxiliary
+
+    def shape(self) -> dict[str, Any]:
+        return {**{name: getattr(self.encoder.cfg, name) for name in SHAPE_FIELDS}, **self.aux_shape}
+
+    def weights(self) -> InitWeights:
+        return InitWeights(self.encoder.state, self.aux)
+
+
+def resolve_init(source: str, tracking_uri: str | None) -> InitSource:
+    """`--init-from SOURCE` resolved as fine-tuning's `--from` is (`resolve_encoder`): the authors' directory
+    or hub id (converted once per content), an exported encoder, a checkpoint, a run id or `last`. What it
+    converts or downloads goes under $COCOLM_HOME/init_from/, a folder per source, so the same command
+    again (a resume) finds the tokenizer at the path its config recorded."""
+    set_hermetic_env()  # the hub stays offline unless the user said otherwise
+    tracking_uri = tracking_uri or tracking.default_tracking_uri()
+    try:
+        if source == LATEST:  # recorded as the run it named: `last` names another run tomorrow
+            source = latest_pretraining_run(MlflowClient(tracking_uri))
+        workdir = tracking.home() / "init_from" / hashlib.sha256(source.encode()).hexdigest()[:16]
+        encoder = resolve_encoder(source, tracking_uri, workdir)
+    except UserError as error:  # the resolver's lines name fine-tuning's flag
+        raise UserError(str(error).replace("--from ", "--init-from ")) from None
+    return InitSource(source, encoder, **_auxiliary(encoder))
+
+
+def _auxiliary(encoder: PretrainedEncoder) -> dict[str, Any]:
+    """A pretraining checkpoint's auxiliary and its rule (InitSource's fields); nothing for other sources."""
+    directory = Path(encoder.source)
+    if not (directory / "model.pt").is_file():
+        return {}
+    model, cfg = checkpoint.load_pretrained(directory)
+    if model.aux is None or cfg.objective.freeze_aux:  # a frozen auxiliary has embeddings of its own
+        return {}
+    return {"aux": model.aux.state_dict(),
+            "aux_shape": {"aux_layers": cfg.model.aux_layers, "aux_width_divisor": cfg.model.aux_width_divisor}}
+
+
+def init_config(preset: str, variant: str, overrides: list[str], init: InitSource) -> PretrainConfig:
+    """The config of a run started from `init`: the preset, variant and overrides, with the checkpoint's
+    shape in place of the preset's size (a key set otherwise is one line naming both values) and its
+    tokenizer in place of the corpus's (another --tokenizer is refused)."""
+    tokenizer = init.encoder.tokenizer_dir
+    given = parse_overrides(overrides)["data"].get("tokenizer_dir")
+    if given and Path(given).resolve() != tokenizer.resolve():
+        raise UserError(f"--tokenizer {given} conflicts with --init-from {redact(init.source)}: the run encodes "
+                        f"with the checkpoint's own tokenizer ({tokenizer}); leave --tokenizer out")
+    own = [f"data.tokenizer_dir={json.dumps(str(tokenizer))}", f"data.vocab_size={init.encoder.cfg.vocab_size}"]
+    return resolve(preset, variant, [*overrides, *own], init.source, init.shape())
+
+
+def check_init(cfg: PretrainConfig, init: InitSource) -> None:
+    """A run from a checkpoint is one the stream can feed and the weights fit: a platform tokenizer, the
+    checkpoint's own, as many pieces as its embeddings have rows, and the checkpoint's shape (a config
+    resolved without `init_config` is named here)."""
+    tokenizer, source = init.encoder.tokenizer_dir, redact(init.source)
+    if scheme_of(tokenizer) == "official":
+        raise UserError(
+            f"--init-from {source}: continued pretraining does not take the authors' tokenizer yet ({tokenizer} "
+            f"holds sp.model + dict.txt): the pretraining stream encodes with a platform tokenizer.json, and packs "
+            f"and corrupts with its special ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), which the authors' "
+            f"dictionary numbers otherwise ([CLS]=0 [PAD]=1 [SEP]=2 [UNK]=3, [MASK] last)")
+    on_shape({key: getattr(cfg.model, key) for key in init.shape()}, init.shape(), init.source)
+    if Path(cfg.data.tokenizer_dir or ".").resolve() != tokenizer.resolve():
+        raise UserError(f"data.tokenizer_dir={cfg.data.tokenizer_dir or '(none)'} conflicts with --init-from "
+                        f"{source}: the run encodes with the checkpoint's own tokenizer ({tokenizer})")
+    pieces, rows = _vocab_size(tokenizer), init.encoder.cfg.vocab_size
+    if pieces != rows:
+        raise UserError(f"--init-from {source}: its tokenizer {tokenizer} has {pieces} pieces and its encoder's "
+                        f"embeddings {rows} rows: an encoder directory holds the tokenizer it was trained with")
+
+
 @dataclass(frozen=True)
 class PretrainOptions:
     preset: str = field(default="tiny", metadata=option(" | ".join(available_presets())))
@@ -260,16 +364,25 @@ class PretrainOptions:
     name: str | None = field(default=None, metadata=option(
         "run name (default: preset-variant-<config hash>); the same name resumes"))
     experiment: str = field(default=PRETRAINING_EXPERIMENT, metadata=option("MLflow experiment"))
+    init_from: str | None = field(default=None, metadata=option(
+        "continue pretraining an encoder: the authors' checkpoint directory or hub id, an exported encoder, a "
+        f"checkpoint directory, a pretraining run id or '{LATEST}'; the run takes its shape and tokenizer",
+        metavar="SOURCE"))
 
-    def config(self) -> PretrainConfig:
-        """The resolved config. The convenience flags are `--set` overrides under another name: one way
-        to set each key."""
+    def config(self, init: InitSource | None = None) -> PretrainConfig:
+        """The resolved config (`init`: `--init-from` resolved already). The convenience flags are `--set`
+        overrides under another name: one way to set each key."""
         flags = {"data.paths": self.corpus, "data.tokenizer_dir": self.tokenizer, "cluster.workers": self.workers,
                  "cluster.gpus_per_worker": self.gpus_per_worker}
         shorthands = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
-        return resolve(self.preset, self.variant, shorthands + list(self.overrides))
+        overrides = shorthands + list(self.overrides)
+        if self.init_from:
+            init = init or resolve_init(self.init_from, self.tracking_uri)
+            return init_config(self.preset, self.variant, overrides, init)
+        return resolve(self.preset, self.variant, overrides)
 
 
 def main(argv: list[str] | None = None) -> PretrainResult:
     opts = parse_options("python -m jobs.pretraining", __doc__, PretrainOptions, argv)
-    return run(opts.config(), opts.tracking_uri, opts.storage, opts.name, opts.experiment)
+    init = resolve_init(opts.init_from, opts.tracking_uri) if opts.init_from else None
+    return run(opts.config(init), opts.tracking_uri, opts.storage, opts.name, opts.experiment, init)

@@ -14,7 +14,9 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import ray
 import ray.train
 import ray.train.torch
 import torch
@@ -50,6 +52,41 @@ class LoopContext:
     fail_at_step: int = 0  # fault injection (jobs.faults): rank 0 dies once at this step; 0 = never
     failure_marker: str = ""  # file whose existence means the injected failure already happened
     storage: str = ""  # the run's folder in checkpoint storage, named when a checkpoint cannot be written
+    # `--init-from`: a Ray object ref of the `InitWeights` a new run starts from (the object store carries them
+    # to workers on any node); None: a fresh initialisation
+    init_weights: Any = None
+
+
+@dataclass(frozen=True)
+class InitWeights:
+    """The weights a run started from a checkpoint (`--init-from`) begins with: the main encoder's, and the
+    auxiliary's where the source kept one (a pretraining checkpoint)."""
+
+    main: dict[str, torch.Tensor]
+    aux: dict[str, torch.Tensor] | None = None
+
+
+def initialise(model: PretrainingObjective, weights: InitWeights) -> None:
+    """The source's weights into `model`, every tensor (strict). The auxiliary shares the main embeddings,
+    so one built by the preset's rule starts from the source's embeddings too; a frozen (converged_aux)
+    auxiliary keeps the one it loaded from train.aux_checkpoint."""
+    model.main.load_state_dict(weights.main, strict=True)
+    if weights.aux is not None and model.aux is not None and not model.cfg.freeze_aux:
+        model.aux.load_state_dict(weights.aux, strict=True)
+
+
+def start_from(model: PretrainingObjective, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, resumed: ray.train.Checkpoint | None,
+               init_weights: Any, rank: int) -> TrainState:
+    """The state a worker starts in: the run's checkpoint where there is one, else the `--init-from`
+    weights (a resumed run goes on from its own steps, never back to the source), else the fresh model."""
+    if resumed is None:
+        if init_weights is not None:
+            initialise(model, ray.get(init_weights))
+        return TrainState()
+    with resumed.as_directory() as directory:
+        # The checkpoint holds rank 0's RNG; every other rank takes a stream of its own (`resumed_seed`).
+        return checkpoint.load(Path(directory), model, optimizer, scheduler, restore_rng=rank == 0)
 
 
 def build_training(
@@ -243,14 +280,10 @@ def train_loop_per_worker(config: dict) -> None:
     device = ray.train.torch.get_device()
 
     model, optimizer, scheduler = build_training(cfg, device)
-    state = TrainState()
     resumed = ray.train.get_checkpoint()
+    state = start_from(model, optimizer, scheduler, resumed, ctx.init_weights, rank)
     if resumed:
-        with resumed.as_directory() as directory:
-            # The checkpoint holds rank 0's RNG; every other rank takes a stream of its own, or all
-            # ranks would draw the same dropout masks and replacements after a resume.
-            state = checkpoint.load(Path(directory), model, optimizer, scheduler, restore_rng=rank == 0)
-        if rank != 0:
+        if rank != 0:  # or all ranks would draw the same dropout masks and replacements after a resume
             torch.manual_seed(resumed_seed(cfg.train.seed, rank, state.step))
         if state.mlflow_run_id and state.mlflow_run_id != ctx.run_id:  # the driver checks first; storage may lag
             raise RuntimeError(f"checkpoint {resumed.path} belongs to MLflow run {state.mlflow_run_id}, not {ctx.run_id}")

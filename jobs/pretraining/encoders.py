@@ -1,6 +1,6 @@
-"""The encoder a sweep or a few-shot study fine-tunes: from a pretraining run in MLflow, a checkpoint, an
-exported encoder, or the authors' released checkpoint directory (converted by `model.convert` into the run's
-storage, once per content).
+"""A pretrained encoder by name, what a sweep or a few-shot study fine-tunes (`--from`) and what continued
+pretraining starts from (`--init-from`): a pretraining run in MLflow, a checkpoint, an exported encoder, or
+the authors' released checkpoint directory or hub id (converted by `model.convert`, once per content).
 
 Resolved on the driver (`resolve_encoder`); trials receive the resulting `PretrainedEncoder` (weights as a
 state dict).
