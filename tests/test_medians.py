@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jobs.finetuning.medians import GLUE_AVG, GLUE_TARGETS, best_points, summarize, task_table, to_markdown
+from jobs.finetuning.medians import (GLUE_AVG, GLUE_TARGETS, best_points, summarize, task_table, to_markdown,
+                                     with_published)
 
 SEEDS = [0, 1, 2, 3, 4]
 
@@ -88,6 +89,46 @@ def test_task_table_orders_like_the_paper_and_averages_the_eight_glue_scores():
     assert table.iloc[-1]["score_median"] == pytest.approx(0.872, abs=5e-4)  # the paper's 87.2 for these scores
     partial = task_table(best_points(summarize(pd.DataFrame(rows[:10]), SEEDS)))
     assert GLUE_AVG not in set(partial["task"])
+
+
+def tabled(rows: list[dict], metric: dict[str, str], extra=()) -> pd.DataFrame:
+    """The task table of hand-made trials, each target's score metric named as `tables.tabulate` names it."""
+    summary = summarize(pd.DataFrame(rows), SEEDS, extra=extra)
+    summary.insert(1, "metric", summary["task"].map(metric))
+    return task_table(best_points(summary))
+
+
+def test_the_published_result_and_the_gap_sit_beside_the_dev_median():
+    rows = (trials("RTE", 3e-5, dict(zip(SEEDS, [0.86, 0.87, 0.88, 0.89, 0.90])))
+            + trials("SQuAD 2.0", 3e-5, dict(zip(SEEDS, [0.85, 0.86, 0.87, 0.88, 0.89])),
+                     exact=dict(zip(SEEDS, [0.82, 0.83, 0.84, 0.85, 0.86])))
+            + trials("CoLA", 2e-5, dict(zip(SEEDS, [0.6] * 5))))
+    table = tabled(rows, {"RTE": "accuracy", "SQuAD 2.0": "f1", "CoLA": "matthews_corr"}, extra=["exact"])
+    published = {"RTE": {"accuracy": 87.4}, "SQuAD 2.0": {"f1": 87.7, "exact": 84.9}, "QQP": {"accuracy": 92.3}}
+    out = with_published(table, published).set_index("task")
+    assert out.loc["RTE", "published"] == pytest.approx(0.874) and out.loc["RTE", "gap"] == pytest.approx(0.88 - 0.874)
+    assert out.loc["SQuAD 2.0", "gap"] == pytest.approx(0.87 - 0.877)  # F1, its score
+    assert out.loc["SQuAD 2.0", "published_exact"] == pytest.approx(0.849)
+    assert out.loc["SQuAD 2.0", "gap_exact"] == pytest.approx(0.84 - 0.849)  # EM beside it
+    assert np.isnan(out.loc["CoLA", "published"]) and np.isnan(out.loc["RTE", "gap_exact"])  # nothing published
+    shown = to_markdown(out.reset_index()[["task", "score_median", "published", "gap", "exact_median",
+                                           "published_exact", "gap_exact"]])
+    assert "| RTE | 88.00 | 87.40 | +0.60 | - | - | - |" in shown
+    assert "| SQuAD 2.0 | 87.00 | 87.70 | -0.70 | 84.00 | 84.90 | -0.90 |" in shown
+    assert "| CoLA | 60.00 | - | - | - | - | - |" in shown
+    assert with_published(table, {}).equals(table)  # without published results: the table as it was
+
+
+def test_glue_avg_sets_the_mean_of_the_eight_published_scores_beside_its_own():
+    scores = dict(zip(GLUE_TARGETS, [0.885, 0.92, 0.931, 0.932, 0.639, 0.848, 0.914, 0.903]))
+    metric = {t: {"CoLA": "matthews_corr", "STS-B": "spearman"}.get(t, "accuracy") for t in GLUE_TARGETS}
+    table = tabled([r for t, v in scores.items() for r in trials(t, 2e-5, dict.fromkeys(SEEDS, v))], metric)
+    published = {t: {metric[t]: p} for t, p in zip(GLUE_TARGETS, [90.1, 92.3, 94.2, 95.1, 69.9, 87.4, 90.9, 91.8])}
+    average = with_published(table, published).set_index("task").loc[GLUE_AVG]
+    assert average["published"] == pytest.approx(0.8896, abs=1e-4)  # (90.1 + ... + 91.8) / 8
+    assert average["gap"] == pytest.approx(np.mean(list(scores.values())) - 0.889625)
+    del published["STS-B"]
+    assert np.isnan(with_published(table, published).set_index("task").loc[GLUE_AVG, "published"])
 
 
 def test_analysis_does_not_import_torch():

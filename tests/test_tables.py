@@ -80,3 +80,27 @@ def test_a_task_without_a_test_split_reports_dev_and_says_so(tmp_path):
     client.set_terminated(sweep)
     scores = sweep_scores(client, [exp]).iloc[0]
     assert scores["split"] == "dev" and scores["values"] == scores["dev_values"] == (0.70, 0.71, 0.72)
+
+
+def rte_trials(devs: list[float]) -> list:
+    point = {"task": "rte", "lr": 3e-5, "batch_size": 16, "epochs": 10, "warmup": 0.1}
+    return [SimpleNamespace(config={"point": point, "seed": seed}, error=None,
+                            metrics={"done": 1, "best.dev.score": dev, "best.dev.accuracy": dev})
+            for seed, dev in enumerate(devs)]
+
+
+def test_the_grids_published_result_is_printed_and_logged_beside_the_median(tmp_path):
+    encoded = {"rte": SimpleNamespace(spec=GLUE["rte"][0], test=None)}
+    out = tabulate(rte_trials([0.86, 0.88, 0.90]), encoded, seeds=(0, 1, 2), published={"RTE": {"accuracy": 87.4}})
+    assert "| RTE | accuracy | dev | 88.00 | 86.00 | 90.00 | 88.00 | 87.40 | +0.60 |" in out.markdown
+    assert "`published`: the grid's published dev result" in out.markdown
+    plain = tabulate(rte_trials([0.86, 0.88, 0.90]), encoded, seeds=(0, 1, 2))
+    assert "published" not in plain.markdown and "gap" not in plain.table.columns  # no published: as before
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    sweep = client.create_run(experiment_id(client, "study", uri), tags={KIND_TAG: KIND_SWEEP}).info.run_id
+    log_tables(client, sweep, out)
+    metrics = client.get_run(sweep).data.metrics
+    assert math.isclose(metrics[best_task_metric("RTE", "published")], 0.874)
+    assert math.isclose(metrics[best_task_metric("RTE", "gap")], 0.88 - 0.874)

@@ -9,6 +9,8 @@ from typing import Any
 
 from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, UserError, short_repr
 from jobs.config_reader import read_yaml, typed
+from jobs.finetuning.tasks.metrics import METRICS
+from jobs.finetuning.tasks.specs import GLUE, SNLI, SQUAD_V2
 from jobs.names import fraction_target
 
 GRIDS = Path(__file__).resolve().parents[2] / "platform" / "grids"
@@ -41,6 +43,9 @@ class Grid:
     max_length: int = 512
     max_train: int = 0  # 0 = all
     max_dev: int = 0
+    # Results published for the grid's settings, in percent: task-table target (MNLI-m, SQuAD 2.0) -> {metric
+    # as the task's spec names it (accuracy, f1, exact): value}; the task table sets them beside the medians.
+    published: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def space(self, task: str) -> Space:
         name = self.tasks.get(task, self.tasks.get("default"))
@@ -95,15 +100,41 @@ def load_grid(name_or_path: str) -> Grid:
     unknown = sorted(set(tasks.values()) - set(spaces))
     if not spaces or unknown:
         raise UserError(f"{path}: tasks name space(s) {unknown} that `spaces` does not define ({sorted(spaces)})")
-    return Grid(**{**values, "name": path.stem, "spaces": spaces, "tasks": tasks})
+    published = _published(values.get("published", {}), path)
+    return Grid(**{**values, "name": path.stem, "spaces": spaces, "tasks": tasks, "published": published})
+
+
+def _known_targets() -> dict[str, tuple[str, ...]]:
+    """Every built-in task-table target (MNLI-m, MNLI-mm, SQuAD 2.0, ...) -> its task's metrics."""
+    specs = [*(spec for spec, _ in GLUE.values()), SNLI, SQUAD_V2]
+    return {spec.target(split): spec.metrics for spec in specs for split in spec.dev_splits}
+
+
+def _published(published: dict[str, dict[str, float]], path: Path) -> dict[str, dict[str, float]]:
+    """`published` with each built-in target spelled as the task table spells it (mnli-m -> MNLI-m); a metric
+    the target's task does not compute (a user task's: a classification or regression metric) is an error,
+    so a number is never set beside nothing."""
+    known = _known_targets()
+    spelled = {name.lower(): name for name in known}
+    out = {}
+    for target, metrics in published.items():
+        name = spelled.get(target.lower(), target)
+        computed = known.get(name, tuple(METRICS))
+        wrong = sorted(set(metrics) - set(computed))
+        if wrong:
+            raise UserError(f"{path}: published.{target} names metric(s) {wrong} that {name} does not compute; "
+                            f"its metrics: {list(computed)}")
+        out[name] = metrics
+    return out
 
 
 # What a grid file sets (its name is its file's), and the range of every number it gives, by the rules of
 # the presets and options (jobs.config_reader), checked when the grid is read, before Ray starts.
-SETTABLE = ("max_length", "max_train", "max_dev", "spaces", "tasks")
+SETTABLE = ("max_length", "max_train", "max_dev", "spaces", "tasks", "published")
 LISTS = ("epochs", "lr", "batch_size", "warmup")  # the lists every space gives
 MAX_LENGTH = Range(8)  # tokens per example: room for the special tokens and some text (--max-length too)
-RANGES = {"max_length": MAX_LENGTH, "max_train": NON_NEGATIVE, "max_dev": NON_NEGATIVE,
+PERCENT = Range(0, 100)  # a published result: percentages, as the papers' tables give them
+RANGES = {"max_length": MAX_LENGTH, "max_train": NON_NEGATIVE, "max_dev": NON_NEGATIVE, "published": PERCENT,
           **{f"spaces.{key}": bounds for key, bounds in {
               "epochs": AT_LEAST_ONE, "lr": POSITIVE, "lr_by_preset": POSITIVE, "batch_size": AT_LEAST_ONE,
               "warmup": PROBABILITY,  # a fraction of the steps: 1 would leave none to train

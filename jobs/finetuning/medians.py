@@ -10,6 +10,7 @@ metric at the trial's best half-epoch evaluation, NaN for a trial that failed. T
     best_points(summary)       per task the complete point with the highest median
     task_table(best)           the reported number per task, with the GLUE average when all eight
                                GLUE targets are there
+    with_published(table, p)   a grid's published results beside the dev medians, and the gaps
     to_markdown(df)            scores as percentages with two decimals; incomplete points spelled out
 
 `std` is the sample standard deviation (ddof=1), pandas' default.
@@ -17,7 +18,7 @@ metric at the trial's best half-epoch evaluation, NaN for a trial that failed. T
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -102,6 +103,43 @@ def task_table(best: pd.DataFrame, glue_targets: Sequence[str] = GLUE_TARGETS) -
     return table
 
 
+PUBLISHED, GAP = "published", "gap"  # the task table's columns for the score; `published_<metric>` for others
+
+
+def with_published(table: pd.DataFrame, published: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+    """The task table with a grid's published results (percent, `jobs.finetuning.grid.Grid.published`) beside
+    the platform's dev medians, as fractions like every score here: `published` and `gap` (median minus
+    published) for the row's score metric (the `metric` column), `published_<metric>` and `gap_<metric>` for
+    its others (SQuAD 2.0's exact beside its f1). Published numbers are dev results, so the gap is taken from
+    the dev median, never a test split's. GLUE AVG's published value is the mean of the eight published GLUE
+    scores, the platform's own rule, so both sides average the same eight. Without `published`: the table."""
+    if not published:
+        return table
+    out = table.reset_index(drop=True)
+    rows = pd.DataFrame([{_column(PUBLISHED, metric, row): value / 100
+                          for metric, value in _published_of(row, published, out).items()}
+                         for _, row in out.iterrows()], index=out.index)
+    for name in rows.columns:
+        metric = name.removeprefix(PUBLISHED).removeprefix("_")
+        median = out["score_median"] if not metric else out.get(f"{metric}_median", np.nan)
+        out = out.assign(**{name: rows[name], GAP + name.removeprefix(PUBLISHED): median - rows[name]})
+    return out
+
+
+def _published_of(row: pd.Series, published: Mapping[str, Mapping[str, float]], table: pd.DataFrame) -> dict:
+    """{metric: percent} published for the row's target; for GLUE AVG the mean of the GLUE targets' scores."""
+    if row["task"] != GLUE_AVG:
+        return dict(published.get(row["task"], {}))
+    metric_of = dict(zip(table["task"], table["metric"]))
+    scores = [published.get(t, {}).get(metric_of.get(t)) for t in GLUE_TARGETS]
+    return {} if None in scores else {"": float(np.mean(scores))}
+
+
+def _column(prefix: str, metric: str, row: pd.Series) -> str:
+    """`published` for the row's score metric (and GLUE AVG's, metric ""), else `published_<metric>`."""
+    return prefix if metric in ("", row.get("metric")) else f"{prefix}_{metric}"
+
+
 def status(row: pd.Series) -> str:
     """'ok', or what a grid point lacks: 'incomplete: 4/5 seeds (missing 3)'."""
     if bool(row.get("complete", False)) is True:
@@ -118,8 +156,10 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         if column in ("complete", "seeds_expected", "missing_seeds"):
             continue
         values = df[column]
-        if column.startswith(("score_", "reported_")) or column.endswith("_median"):
+        if column.startswith(("score_", "reported_", PUBLISHED)) or column.endswith("_median"):
             out[column] = [f"{100 * v:.2f}" if pd.notna(v) else "-" for v in values]
+        elif column.startswith(GAP):
+            out[column] = [f"{100 * v:+.2f}" if pd.notna(v) else "-" for v in values]
         elif column == "seeds_done":
             out["seeds"] = [f"{int(v)}/{int(e)}" if pd.notna(v) else "-" for v, e in zip(values, df["seeds_expected"])]
         else:

@@ -21,7 +21,9 @@ starts (several processes creating one sqlite store race), and logs every trial 
 run (`mlflow.parentRunId`) from Tune callbacks (`tune.MlflowTrials`), so trials on other nodes need
 no access to the store. The parent gets the statistics of every grid point, the best point per task (MNLI-m and
 MNLI-mm chosen separately), and the task table with the GLUE average, as metrics and as CSV and
-markdown artifacts; the task table is also printed. Every run is ended explicitly.
+markdown artifacts; the task table is also printed, with the grid's published results and the gaps to them
+where it has some (`--grid cocolm-base++`: the authors' settings and dev results for their checkpoint).
+Every run is ended explicitly.
 
 Resuming: the same command run again after a stop (Ctrl-C, a killed process, a lost driver) continues the
 unfinished parent (RUNNING, FAILED or KILLED) of the same pretraining run with the same tasks, grid, seeds,
@@ -51,7 +53,7 @@ from ray.tune import Result
 from jobs import tracking
 from jobs.cli import NON_NEGATIVE, UserError, option, parse_options
 from jobs.env import set_hermetic_env
-from jobs.finetuning.encoders import PretrainedEncoder, resolve_encoder
+from jobs.pretraining.encoders import PretrainedEncoder, resolve_encoder
 from jobs.finetuning.encoding import EncodedTask, encode_task
 from jobs.finetuning.grid import MAX_LENGTH, Grid, available_grids, data_key, load_grid, trial_name
 from jobs.finetuning.tables import SweepTables, log_tables, tabulate
@@ -202,7 +204,7 @@ def run(opts: SweepOptions) -> SweepResult:
             missing = [c for c in configs if trial_name(c) not in done]
             results = _tune(opts, plan, missing, ParentRun(tracking_uri, experiment_id, run_id)) if missing else []
             by_name = {trial_name(r.config): r for r in [*earlier, *results]}
-            out = tabulate([by_name[trial_name(c)] for c in configs], plan.encoded, opts.seeds)
+            out = tabulate([by_name[trial_name(c)] for c in configs], plan.encoded, opts.seeds, grid.published)
             log_tables(client, run_id, out)
     print(f"\n{out.markdown}\nMLflow parent run id: {run_id}\n"
           + tracking.ui_links(tracking_uri, experiment_id, run_id))

@@ -5,13 +5,15 @@ The dev split selects, the test split reports: a task's best grid point is the o
 median, and the numbers reported for it (`reported_<stat>` in the task table, `best/<task>/<stat>` and
 `seed_<n>` on the parent run) are its trials' test scores wherever the task has a test split (SNLI, a
 user folder's test file). Each trial scores test once, with the weights of its best dev evaluation.
-Tasks without one (GLUE, SQuAD 2.0: their test labels are not public) report dev, and say so (`split`)."""
+Tasks without one (GLUE, SQuAD 2.0: their test labels are not public) report dev, and say so (`split`).
+A grid with published results (the authors' settings for their released checkpoints) puts them beside the dev
+medians with the gaps (`published`, `gap`; on the parent run `best/<task>/published`, `best/<task>/gap`)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,8 @@ from ray.tune import Result
 
 from jobs.finetuning.encoding import EncodedTask
 from jobs.finetuning.grid import data_key, trial_name
-from jobs.finetuning.medians import GLUE_AVG, GRID_COLUMNS, STATS, best_points, summarize, task_table, to_markdown
+from jobs.finetuning.medians import (GAP, GLUE_AVG, GRID_COLUMNS, PUBLISHED, STATS, best_points, summarize,
+                                     task_table, to_markdown, with_published)
 from jobs.names import (DEV_STAT, SEED_STAT, best_point_tag, best_split_metric, best_task_metric, fraction_target,
                         reported_split_tag)
 
@@ -62,7 +65,10 @@ def trial_records(results: Sequence[Result], encoded: dict[str, EncodedTask]) ->
     return rows
 
 
-def tabulate(results: Sequence[Result], encoded: dict[str, EncodedTask], seeds: Sequence[int]) -> SweepTables:
+def tabulate(results: Sequence[Result], encoded: dict[str, EncodedTask], seeds: Sequence[int],
+             published: Mapping[str, Mapping[str, float]] = {}) -> SweepTables:
+    """The sweep's tables; `published` (the grid's, percent by target and metric) adds the published
+    results and the gaps to the task table (`medians.with_published`)."""
     trials = pd.DataFrame(trial_records(results, encoded))
     fixed = {"task", *GRID_COLUMNS, "seed", "trial", "metric", "status", "score"}
     extra = [c for c in trials.columns if c not in fixed]
@@ -70,16 +76,24 @@ def tabulate(results: Sequence[Result], encoded: dict[str, EncodedTask], seeds: 
     metric_of = dict(zip(trials["task"], trials["metric"]))
     summary.insert(1, "metric", summary["task"].map(metric_of))
     best = best_points(summary)
-    table = with_reported(task_table(best), trials)
+    table = with_published(with_reported(task_table(best), trials), published)
     shown = ["task", "metric", "split", "reported_median", "reported_min", "reported_max", "score_median",
-             "score_mean", "score_std", "score_min", "score_max", *(f"{c}_median" for c in extra), *GRID_COLUMNS,
-             "seeds_done", "seeds_expected", "missing_seeds", "complete"]
+             *published_columns(table), "score_mean", "score_std", "score_min", "score_max",
+             *(f"{c}_median" for c in extra), *GRID_COLUMNS, "seeds_done", "seeds_expected", "missing_seeds",
+             "complete"]
+    compared = (f"; `{PUBLISHED}`: the grid's published dev result, `{GAP}`: `score_median` minus it, "
+                f"`_<metric>` for the task's other metrics" if published_columns(table) else "")
     markdown = ("Task table (best grid point per task, chosen by the dev median `score_median`; reported: the "
                 "median, min and max over seeds at that point on the split named in `split`, test where the task "
-                "has one; scores x100)\n\n" + to_markdown(table[shown]))
+                f"has one{compared}; scores x100)\n\n" + to_markdown(table[shown]))
     if len(summary) <= 40:
         markdown = ("Grid points (statistics over seeds; scores x100)\n\n" + to_markdown(summary) + "\n" + markdown)
     return SweepTables(trials, summary, best, table, markdown)
+
+
+def published_columns(table: pd.DataFrame) -> list[str]:
+    """The task table's published results and gaps (`medians.with_published`), in the order they were added."""
+    return [c for c in table.columns if c.startswith((PUBLISHED, GAP))]
 
 
 def point_key(row) -> str:
@@ -130,6 +144,8 @@ def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
     for _, row in out.table.iterrows():
         if row["task"] == GLUE_AVG:
             metrics.append(Metric("glue_avg", float(row["score_median"]), now, 0))
+            metrics += [Metric(f"glue_avg_{name}", float(row[name]), now, 0)
+                        for name in published_columns(out.table) if pd.notna(row[name])]
         elif pd.notna(row["score_median"]):
             task, (_, column) = row["task"], reported_column(out.trials, row["task"])
             # The reported split's statistics and per-seed values under the plain keys, dev's beside them.
@@ -141,6 +157,9 @@ def log_tables(client: MlflowClient, run_id: str, out: SweepTables) -> None:
                         for name in out.table.columns
                         if name.endswith("_median") and name not in ("score_median", "reported_median")
                         and pd.notna(row[name])]
+            # The grid's published results and the gaps to them (best/RTE/published, best/RTE/gap).
+            metrics += [Metric(best_task_metric(task, name), float(row[name]), now, 0)
+                        for name in published_columns(out.table) if pd.notna(row[name])]
             metrics += [Metric(best_task_metric(task, f"{SEED_STAT}{seed}"), value, now, 0)
                         for seed, value in best_point_seeds(out.trials, row, column).items()]
             metrics += [Metric(best_task_metric(task, f"{DEV_STAT}{SEED_STAT}{seed}"), value, now, 0)
