@@ -96,11 +96,19 @@ def ray_local():
     """A local Ray with RAY_TEST_CPUS logical CPUs, shared by every test that needs Ray."""
     import ray
 
+    from jobs.ray_session import TEMP_PREFIX, no_hang_detector, temp_parent, worker_setup_hook
+
     started = not ray.is_initialized()
     if started:
-        # address="local": the suite's own Ray, never one a `ray start` on this machine recorded (another
-        # user's, or a test's own; docs/design.md section 8)
-        ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
+        # As a job starts its own Ray (jobs.ray_session.start_own_ray): address="local", never a Ray that
+        # `ray start` on this machine recorded (another user's, or a test's own; docs/design.md section 8);
+        # a private temporary folder; workers told which Ray is theirs, so Ray's state API in them (Ray
+        # Train's placement-group cleaner) works beside another Ray on the machine: a study's, another
+        # suite's, a `ray start` test's.
+        ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=temp_parent()),
+                 runtime_env={"worker_process_setup_hook": worker_setup_hook()})
+        no_hang_detector()
     yield ray
     if started:
         ray.shutdown()

@@ -214,7 +214,7 @@ def test_concurrent_runs_refuse_a_ray_too_small_for_their_streams(ray_local, tmp
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, tmp_path):
+def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, small_corpus, tmp_path):
     """--concurrent-runs 2 in a process of its own (its own Ray, started with 4 logical CPUs): both runs
     pretrain at the same time, finish, are read out and gated, and the summary lists them in order."""
     import os
@@ -227,7 +227,8 @@ def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "jobs.studies.ablate", "--preset", "tiny", "--variants", "cocolm,roberta_mlm",
          "--concurrent-runs", "2", "--no-control", "--represent-pairs", "20", "--probe-pairs", "0",
-         "--tracking-uri", uri, "--set", f"data.tokenizer_dir={tokenizer_dir}", "--set", "train.max_steps=30",
+         "--tracking-uri", uri, "--set", f"data.tokenizer_dir={tokenizer_dir}",
+         "--set", f"data.paths=[{str(small_corpus)!r}]", "--set", "train.max_steps=30",
          "--set", "train.warmup_steps=2", "--set", "train.log_every=10"],
         env=env, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -155,7 +155,10 @@ def test_attention_alone_times_each_side_and_names_the_ones_that_cannot_run_here
     timed = {name: words for name, words in sides.items() if words[0] != "n/a"}
     assert timed, sides  # the CPU's SDPA without dropout runs under the flash name's context (flex: no CPU backward)
     for words in timed.values():
-        assert words[1] == "ms" and words[3] == "ms" and 0 < float(words[0]) <= float(words[2])
+        # both times shown and positive; not forward <= forward + backward: two timings on a busy CPU can
+        # come out the other way round (5.8 against 4.9 ms beside another test), and timing is the
+        # benchmark's to report, not a test's to assert
+        assert words[1] == "ms" and words[3] == "ms" and float(words[0]) > 0 and float(words[2]) > 0
     for words in (w for w in sides.values() if w[0] == "n/a"):
         assert words[1].startswith("(") and "Error" in words[1]
     assert sum(line.startswith("Self CPU time total") for line in lines) == len(timed)  # one profile table per timed side

@@ -273,7 +273,7 @@ def test_a_preset_path_outside_the_presets_folder_is_refused(capsys, monkeypatch
     (tmp_path / "x.yaml").write_text((PRESETS / "tiny.yaml").read_text())
     escape = os.path.relpath(tmp_path / "x", PRESETS)
     argv = ["--preset", escape, "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
-    one_line_in_process(capsys, monkeypatch, tmp_path, main, argv, f"error: preset '{escape}' is not a safe name")
+    one_line_in_process(capsys, monkeypatch, tmp_path, main, argv, f"error: preset {escape!r:.80} is not a safe name")
 
 
 def named_run(tmp_path: Path, name: str, status: str, *overrides: str) -> str:

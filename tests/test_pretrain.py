@@ -49,13 +49,15 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path / "home"
 
 
-def tiny_overrides(tokenizer_dir: Path, *extra: str) -> list[str]:
-    return [f"data.tokenizer_dir={tokenizer_dir}", "train.warmup_steps=5", "train.log_every=5", *extra]
+def tiny_overrides(tokenizer_dir: Path, *extra: str, corpus: Path | None = None) -> list[str]:
+    paths = [f"data.paths=[{str(corpus)!r}]"] if corpus else []
+    return [f"data.tokenizer_dir={tokenizer_dir}", *paths, "train.warmup_steps=5", "train.log_every=5", *extra]
 
 
-def tiny(tokenizer_dir: Path, *extra: str):
-    """The tiny cocolm config of the Ray tests: the shared test tokenizer, short warm-up, a log line every 5 steps."""
-    return resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, *extra))
+def tiny(tokenizer_dir: Path, *extra: str, corpus: Path | None = None):
+    """The tiny cocolm config of the Ray tests: the shared test tokenizer, short warm-up, a log line every 5
+    steps; a run that trains reads the `small_corpus` slice (its stream is ready in a third of the time)."""
+    return resolve("tiny", "cocolm", tiny_overrides(tokenizer_dir, *extra, corpus=corpus))
 
 
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -408,10 +410,10 @@ def test_a_new_tracking_store_refuses_another_runs_checkpoints(ray_local, tokeni
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_worker_pretraining_lowers_the_loss_and_logs_every_signal(ray_local, tokenizer_dir, home):
+def test_two_worker_pretraining_lowers_the_loss_and_logs_every_signal(ray_local, tokenizer_dir, small_corpus, home):
     # Compiled encoders (inductor, as on GPU workers) inside DDP; checkpoints and export must not notice.
     cfg = tiny(tokenizer_dir, "train.max_steps=40", "cluster.workers=2", "train.checkpoint_every=20",
-               "train.compile=true")
+               "train.compile=true", corpus=small_corpus)
     result = run(cfg)
     client = MlflowClient(result.tracking_uri)
     mlflow_run = client.get_run(result.run_id)
@@ -445,9 +447,9 @@ def checkpoint_recorded(storage: Path, step: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local, tokenizer_dir, home):
-    args = ["--preset", "tiny", *[x for o in tiny_overrides(tokenizer_dir, "train.max_steps=40",
-                                                            "train.checkpoint_every=10") for x in ("--set", o)]]
+def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local, tokenizer_dir, small_corpus, home):
+    args = ["--preset", "tiny", *[x for o in tiny_overrides(tokenizer_dir, "train.max_steps=40", "train.checkpoint_every=10",
+                                                            corpus=small_corpus) for x in ("--set", o)]]
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rk", dir="/tmp")}  # its own Ray, killed with it
     driver = subprocess.Popen([sys.executable, "-m", "jobs.pretraining", *args], cwd=ROOT, env=env,
                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -474,13 +476,14 @@ def test_a_killed_run_resumes_at_its_checkpoint_in_the_same_mlflow_run(ray_local
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, home, monkeypatch):
+def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_local, tokenizer_dir, small_corpus, home,
+                                                                         monkeypatch):
     """Also the job's fixed-shape path (train.fixed_shapes: every batch padded to one masked count; the
     whole-step compile is left to tests/test_fixed_shapes.py), recorded in the run's params, and a long
     phase (the last 10 steps on blocks of 256) entered after the resume from the checkpoint at the switch."""
     monkeypatch.setenv(faults.ENV, json.dumps({"pretraining_step": 12}))  # rank 0 dies once at step 12
     cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fixed_shapes=true",
-               "train.long_steps=10", "data.long_seq_len=256")
+               "train.long_steps=10", "data.long_seq_len=256", corpus=small_corpus)
     result = run(cfg)
     assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
     state = json.loads((Path(result.checkpoint) / "state.json").read_text())
@@ -500,9 +503,9 @@ def test_an_injected_worker_failure_is_recovered_from_the_last_checkpoint(ray_lo
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_local, tokenizer_dir, home):
-    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=1", "train.peak_lr=.inf",
-               "train.warmup_steps=1")
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_local, tokenizer_dir, small_corpus, home):
+    cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=1", "train.peak_lr=1e30",
+               "train.warmup_steps=1", corpus=small_corpus)
     with pytest.raises(RuntimeError, match="non-finite loss or gradient at step 2.*checkpoint_step_00000001"):
         run(cfg)
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
@@ -538,7 +541,7 @@ def _status_without_token(url: str, timeout: float = 60) -> int:
 @pytest.mark.slow
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
-def test_ray_job_submit_end_to_end(tokenizer_dir, home):
+def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
     """`ray start --head`, `ray job submit --working-dir .`, `ray job logs`, `ray stop`: the README's local flow.
 
     The README's `ray stop` ends every Ray of this user on the machine (a study beside the suite's too: one
@@ -568,6 +571,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
         submit = _submit(
             [sys.executable, "-m", "jobs.submit", "--address", address, "--runtime-env", str(runtime_env),
              "--", sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
+             "--corpus", str(small_corpus),
              "--set", "train.max_steps=10", "--set", "train.checkpoint_every=10", "--set", "train.log_every=5"],
             env,
         )
@@ -594,7 +598,8 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, home):
 @pytest.mark.slow
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
-def test_losing_a_node_resumes_from_the_last_checkpoint_on_the_remaining_node(tokenizer_dir, home, monkeypatch):
+def test_losing_a_node_resumes_from_the_last_checkpoint_on_the_remaining_node(tokenizer_dir, small_corpus, home,
+                                                                             monkeypatch):
     """A simulated three-node cluster (ray.cluster_utils.Cluster: a head with no CPUs for work, two
     1-CPU worker nodes). An elastic run (cluster.min_workers=1) places its 2 workers on different
     nodes (STRICT_SPREAD; 0.75 CPU each, so one per node); one node dies without a goodbye right after
@@ -615,7 +620,8 @@ def test_losing_a_node_resumes_from_the_last_checkpoint_on_the_remaining_node(to
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     storage = home / "ray_results"
     cfg = tiny(tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=10", "cluster.workers=2",
-               "cluster.min_workers=1", "cluster.cpus_per_worker=0.75", "cluster.placement_strategy=STRICT_SPREAD")
+               "cluster.min_workers=1", "cluster.cpus_per_worker=0.75", "cluster.placement_strategy=STRICT_SPREAD",
+               corpus=small_corpus)
     removed = threading.Event()
 
     def remove_a_node_once_the_checkpoint_is_recorded() -> None:
