@@ -78,7 +78,7 @@ def interpreted(test):
     in_the_child.__name__, in_the_child.__doc__ = test.__name__, test.__doc__
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     in_the_child.__signature__ = inspect.Signature([request, *inspect.signature(test).parameters.values()])
-    return in_the_child
+    return pytest.mark.slow(in_the_child)  # the child pytest under the interpreter
 
 
 class InjectedFailure(RuntimeError):

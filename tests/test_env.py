@@ -99,6 +99,7 @@ def _request(url: str, token: str | None = None, data: bytes | None = None) -> t
         return error.code, error.read().decode()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_local_ray_started_by_a_job_refuses_its_job_api_to_requests_without_its_token(tmp_path):
     """The Ray a job starts (jobs.ray_session.init_ray, with the dashboard, as the pretraining job starts
@@ -271,6 +272,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_jobs_started_at_once_each_keep_to_their_own_ray(tmp_path):
     env = {**os.environ}

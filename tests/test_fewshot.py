@@ -136,6 +136,7 @@ def test_the_lm_head_is_exported_with_the_encoder_and_its_absence_is_known(tmp_p
         without.build_with_lm_head()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_command_runs_both_methods_on_ray_tune_and_reports_mean_and_std(ray_local, tmp_path, tokenizer_dir,
                                                                              monkeypatch, capfd):

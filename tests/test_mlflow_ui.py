@@ -48,6 +48,7 @@ def rendered_dom(chromium: str, url: str, profile: Path, budget_ms: int = 30_000
     return out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_compare_runs_page_lists_both_variant_runs(tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

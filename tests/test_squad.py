@@ -254,6 +254,7 @@ def test_a_trial_is_scored_as_the_official_evaluation_scores_its_predictions(tmp
 # ----------------------------------------------------------------------------- a sweep on Ray Tune
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_squad_sweep_runs_two_learning_rates_by_five_seeds_and_tracks_them(ray_local, tmp_path, exported,
                                                                              monkeypatch):

@@ -213,6 +213,7 @@ def test_two_workers_get_disjoint_shards_that_cover_the_corpus(stream, blocks):
     assert collections.Counter(seen[0] + seen[1]) == whole
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
     """The hang of docs/design.md section 4: Train workers hold CPUs while Ray Data needs some.
@@ -243,6 +244,7 @@ def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
     assert sum(tokens for _, tokens in results) > 0
 
 
+@pytest.mark.slow
 def test_a_ray_train_worker_reads_the_stream_in_corpus_order(stream, blocks, tmp_path):
     """The same seed must give the same batches: Ray Train replaces the dataset's own execution options
     with its ingest options, so the job passes `ingest_config()`, which keeps the stream's order."""

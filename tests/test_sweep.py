@@ -55,6 +55,7 @@ def test_a_dry_run_prints_the_plan_first_and_runs_nothing(tmp_path, exported, ca
 # ----------------------------------------------------------------------------- the sweep on Ray Tune
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, tmp_path, exported, monkeypatch,
                                                                    capfd):
@@ -105,6 +106,7 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
     assert "best.dev.accuracy" in done.data.metrics
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_label_fractions_are_targets_of_their_own_with_nested_subsets(ray_local, tmp_path, exported, monkeypatch):
     """--label-fractions 0.2,1.0: every grid point and seed runs on 20% of the training labels and on all of
@@ -150,6 +152,7 @@ def _children(client, parent):
                               filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", max_results=100)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_an_interrupted_sweep_resumes_its_parent_and_runs_only_the_missing_trials(ray_local, tmp_path, exported,
                                                                                   monkeypatch, capfd):

@@ -81,7 +81,7 @@ def kernel_test(test):
                   *inspect.signature(test).parameters.values()]
     from_the_child.__signature__ = inspect.Signature(parameters)
     from_the_child.__name__, from_the_child.__doc__ = test.__name__, test.__doc__
-    return from_the_child
+    return pytest.mark.slow(from_the_child)  # the child pytest under the interpreter: about a minute
 
 
 @functools.cache
