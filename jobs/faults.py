@@ -4,6 +4,7 @@ A test sets `COCOLM_INJECT_FAULTS` (JSON) in the driver's environment; the drive
 hands the plan to its workers, so it never becomes a config field or an MLflow parameter:
 
     {"pretraining_step": 12}            rank 0 of the pretraining loop dies once, at step 12
+    {"storage_error_step": 10}          the pretraining checkpoint of step 10 cannot be written (as a full disk)
     {"trials": {"<trial name>": 2}}     that fine-tuning trial fails its first 2 attempts
     {"interrupt_after_trials": 1}       the fine-tuning driver gets a Ctrl-C (SIGINT) once 1 trial ended
 
@@ -26,6 +27,7 @@ ENV = "COCOLM_INJECT_FAULTS"
 @dataclass(frozen=True)
 class Faults:
     pretraining_step: int = 0  # 0: the pretraining loop never dies
+    storage_error_step: int = 0  # 0: every pretraining checkpoint is written
     trials: dict[str, int] = field(default_factory=dict)  # trial name -> attempts that fail
     interrupt_after_trials: int = 0  # fine-tuning: Ctrl-C the driver once this many trials ended; 0 = never
 

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from helpers import free_ports, stop_processes_under
 from jobs import faults
 from jobs.cli import UserError
-from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG
+from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG, STOP_TAG
 from jobs.tracking import git_commit
 
 from jobs.pretraining import checkpoint
@@ -511,6 +511,29 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     (failed,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
     assert failed.info.status == "FAILED"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_the_storage_cannot_take_stops_every_worker_at_once_in_one_line_without_retries(
+        ray_local, tokenizer_dir, small_corpus, home, monkeypatch):
+    """Two workers; the step-10 checkpoint cannot be written (jobs.faults: as a full disk). Both workers stop
+    together (none waits in a collective), Ray Train retries nothing (no step is logged twice), the error
+    is one line naming the storage, the folder and the cause, and the run is FAILED with it. (The same
+    command resumes: an earlier attempt's stop is dropped, tests/test_faults.py.)"""
+    monkeypatch.setenv(faults.ENV, json.dumps({"storage_error_step": 10}))
+    cfg = tiny(tokenizer_dir, "train.max_steps=10", "train.checkpoint_every=5", "cluster.workers=2",
+               corpus=small_corpus)
+    with pytest.raises(UserError) as stopped:
+        run(cfg)
+    (run_dir,) = (home / "ray_results").glob("tiny-cocolm-*")
+    line = (f"the checkpoint could not be written to storage {run_dir}: {run_dir}/checkpoint_step_00000010: "
+            "No space left on device (injected: jobs.faults)")
+    assert str(stopped.value) == line + "; free space or fix the storage, then run the same command to resume"
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    (failed,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    assert failed.info.status == "FAILED" and failed.data.tags[STOP_TAG] == line
+    assert [s for s, _ in history(client, failed.info.run_id, "loss")] == [5, 10]  # no attempt retried
 
 
 def _submit(command: list, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -48,8 +48,8 @@ from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_E
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import (PretrainConfig, available_presets, on_shape, parse_overrides, resolve, to_yaml,
                                     with_vocab_size)
-from jobs.pretraining.loop import (LONG_SHARD, InitWeights, LoopContext, check_aux_checkpoint, check_step_options,
-                                  storage_failure_in, train_loop_per_worker)
+from jobs.pretraining.loop import (LONG_SHARD, STORAGE_FAILURE, InitWeights, LoopContext, check_aux_checkpoint,
+                                  check_step_options, train_loop_per_worker)
 from jobs.ray_session import init_ray
 
 
@@ -195,14 +195,19 @@ def _log_config(client: MlflowClient, run_id: str, cfg: PretrainConfig) -> None:
 
 def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracking_uri: str, storage: str,
          init: InitSource | None = None) -> str:
-
-
+    """Ray Train's run of the loop; the final checkpoint's path. A stop the loop tagged (a non-finite loss,
+    a checkpoint storage could not take) is the error, the run's last good checkpoint named."""
     c = cfg.cluster
     resources = {"CPU": c.cpus_per_worker, **({"GPU": c.gpus_per_worker} if c.gpus_per_worker else {})}
-    fail_at_step = faults.planned().pretraining_step
+    plan = faults.planned()
+    fail_at_step = plan.pretraining_step
+    client = MlflowClient(tracking_uri)
+    if STOP_TAG in client.get_run(run_id).data.tags:  # an earlier attempt's (the storage fixed since): this one decides
+        client.delete_tag(run_id, STOP_TAG)
     marker = str(Path(storage) / run_name / "injected_failure") if fail_at_step else ""
     ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), fail_at_step, marker,
-                      f"{storage.rstrip('/')}/{run_name}", ray.put(init.weights()) if init else None)
+                      f"{storage.rstrip('/')}/{run_name}", ray.put(init.weights()) if init else None,
+                      storage_error_step=plan.storage_error_step)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "ctx": ctx},
@@ -220,16 +225,10 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
         datasets={"train": stream.blocks, **({LONG_SHARD: stream.long_blocks} if stream.long_blocks is not None else {})},
         dataset_config=ingest_config(),  # the stream's order: the same seed reads the same batches
     )
-    try:
-        result = trainer.fit()
-    except ray.train.TrainingFailedError as error:
-        failure = storage_failure_in(error)
-        if failure is None:
-            raise
-        MlflowClient(tracking_uri).set_tag(run_id, STOP_TAG, failure)  # the run ends FAILED, with the reason
-        raise UserError(failure + "; free space or fix the storage, then run the same command to resume") from None
-
-    stopped = MlflowClient(tracking_uri).get_run(run_id).data.tags.get(STOP_TAG)
+    result = trainer.fit()
+    stopped = client.get_run(run_id).data.tags.get(STOP_TAG)  # the run ends FAILED with it
+    if stopped and stopped.startswith(STORAGE_FAILURE):
+        raise UserError(stopped + "; free space or fix the storage, then run the same command to resume")
     if stopped:
         last = result.checkpoint.path if result.checkpoint else "none"
         raise RuntimeError(f"pretraining stopped: {stopped}. Last good checkpoint: {last}")
@@ -240,9 +239,6 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
 
 def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stream, checkpoint_path: str) -> None:
     """Skipped-record counts, the exported encoder and the tokenizer as artifacts, the checkpoint as a tag."""
-
-
-
     summary = skip_summary(stream.skips)
     print(summary.format())
     counts = {"corpus_documents": summary.documents, **{f"skipped_{k}": v for k, v in summary.skipped.items()}}

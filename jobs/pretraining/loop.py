@@ -7,8 +7,8 @@ times). Rank 0 alone logs to MLflow and prints progress.
 
 from __future__ import annotations
 
+import errno
 import os
-import re
 import sys
 import tempfile
 import time
@@ -20,6 +20,8 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
+from ray.train import CheckpointUploadMode
+from ray.train.collective import broadcast_from_rank_zero
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -55,6 +57,7 @@ class LoopContext:
     # `--init-from`: a Ray object ref of the `InitWeights` a new run starts from (the object store carries them
     # to workers on any node); None: a fresh initialisation
     init_weights: Any = None
+    storage_error_step: int = 0  # fault injection (jobs.faults): this step's checkpoint write fails; 0 = never
 
 
 @dataclass(frozen=True)
@@ -226,21 +229,34 @@ def duration(seconds: float) -> str:
 
 
 def save_and_report(model, optimizer, scheduler, state: TrainState, cfg: PretrainConfig, ctx: LoopContext,
-                    rank: int) -> None:
-    """Rank 0 writes the checkpoint; every rank reports (report is a barrier, and Ray uploads the checkpoint
-    in it). A write that fails (a full disk, no permission, a vanished mount) raises one line naming the
-    storage, the file and the cause, which the driver shows as the error (`storage_failure_in`)."""
-    metrics = {"step": state.step, "tokens_seen": state.tokens_seen}
+                    rank: int) -> str:
+    """Rank 0 writes the checkpoint and copies it to storage; then every rank reports it (report is a
+    barrier). A write that fails (a full disk, no permission, a vanished mount) is one line naming the
+    storage, the file and the cause, which rank 0 hands every rank: they all return it, together, before
+    reporting. No rank waits in a collective for one that raised, and Ray Train, seeing no worker error,
+    retries nothing (its retries would print each worker's traceback and fail again on the same storage).
+    What a failed copy left in storage was never reported: a resume skips it (`checkpoint.newest_intact`)."""
     name = checkpoint.directory_name(state.step)
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            ckpt = None
-            if rank == 0:
+        persisted, failure = None, ""
+        if rank == 0:
+            try:
                 checkpoint.save(Path(tmp), model, optimizer, scheduler, state, to_yaml(cfg), ctx.tokenizer_dir)
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name)
-        except OSError as error:
-            raise RuntimeError(storage_failure(ctx.storage, name, error)) from error
+                persisted = persist(ray.train.Checkpoint.from_directory(tmp), name, state.step, ctx)
+            except OSError as error:
+                failure = storage_failure(ctx.storage, name, error)
+        failure = broadcast_from_rank_zero(failure)
+        if not failure:
+            ray.train.report({"step": state.step, "tokens_seen": state.tokens_seen}, checkpoint=persisted,
+                             checkpoint_dir_name=name, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    return failure
+
+
+def persist(written: ray.train.Checkpoint, name: str, step: int, ctx: LoopContext) -> ray.train.Checkpoint:
+    """The checkpoint copied into the run's storage folder, as Ray Train's own report would copy it."""
+    if step == ctx.storage_error_step:
+        raise OSError(errno.ENOSPC, "No space left on device (injected: jobs.faults)")
+    return ray.train.get_context().get_storage().persist_current_checkpoint(written, name)
 
 
 STORAGE_FAILURE = "the checkpoint could not be written"
@@ -252,12 +268,6 @@ def storage_failure(storage: str, name: str, error: OSError) -> str:
     cause = error.strerror or str(error)
     where = error.filename or f"{storage}/{name}"
     return f"{STORAGE_FAILURE} to storage {storage}: {where}: {cause}".replace("\n", " ")
-
-
-def storage_failure_in(error: BaseException) -> str | None:
-    """The `storage_failure` line inside a failed Ray Train run's error (Ray quotes each worker's traceback)."""
-    found = re.search(f"{STORAGE_FAILURE} [^\n\x1b]*", str(error))  # up to Ray's coloured "[repeated 2x ...]"
-    return found.group(0).strip() if found else None
 
 
 def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainState, rank: int) -> None:
@@ -358,8 +368,9 @@ def train_loop_per_worker(config: dict) -> None:
             if log_now:
                 logger.log(state, interval, scheduler.get_last_lr()[0], grad_norm.item())
                 interval = Interval()
-            if checkpoint_now:
-                save_and_report(model, optimizer, scheduler, state, cfg, ctx, rank)
+            if checkpoint_now and (failure := save_and_report(model, optimizer, scheduler, state, cfg, ctx, rank)):
+                logger.stop(failure)
+                return
             _maybe_inject_failure(ctx, cfg, state, rank)
             if state.step >= cfg.train.max_steps:
                 return
