@@ -36,13 +36,23 @@ BATCH_KEYS = ("input_ids", "attention_mask", "masked_ids", "mask_positions", "cr
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """Ids of the special tokens; the tokenizer job writes them in this order, so these are the defaults."""
+    """Ids of the special tokens of a tokenizer (`jobs.data.schemes`: `scheme.special_tokens`), and of the
+    ids no regular piece stands for. The defaults are the platform tokenizer's, which writes them in this
+    order; the authors' dictionary numbers [CLS]=0 [PAD]=1 [SEP]=2 [UNK]=3, [MASK] last."""
 
     pad: int = 0
     unk: int = 1
     cls: int = 2
     sep: int = 3
     mask: int = 4
+    # Ids that are neither special nor a regular piece: the fairseq dictionary's madeupword fillers (it pads
+    # the vocabulary to a multiple of 8 with them) and ids an overwrite left without a symbol. Never drawn.
+    fillers: tuple[int, ...] = ()
+
+    @property
+    def never_drawn(self) -> tuple[int, ...]:
+        """Every id a random replacement never takes, ascending: the specials and the fillers."""
+        return tuple(sorted({self.pad, self.unk, self.cls, self.sep, self.mask, *self.fillers}))
 
 
 def uniform(batch: int, width: int | None, generator: Generators, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -195,25 +205,33 @@ def sample_replacements(logits: torch.Tensor, generator: torch.Generator | None 
 
 
 def random_replacements(
-    count: int, vocab_size: int, device: torch.device, generator: torch.Generator | None = None
+    count: int, vocab_size: int, device: torch.device, generator: torch.Generator | None = None,
+    special: SpecialTokens = SpecialTokens(),
 ) -> torch.Tensor:
     """The `random_replace` ablation: tokens drawn uniformly from the regular vocabulary instead of
-    auxiliary samples. Never a special token ([PAD], [UNK], [CLS], [SEP], [MASK]: ids 0-4): an
-    auxiliary never proposes those for a real word either, and a [PAD] or [SEP] inside a sequence
-    would change what the main encoder reads beyond one replaced word."""
-    first_regular = SpecialTokens.mask + 1
-    return torch.randint(first_regular, vocab_size, (count,), device=device, generator=generator)
+    auxiliary samples. Never a special token or a filler (`SpecialTokens.never_drawn`; the platform's ids
+    0-4): an auxiliary never proposes those for a real word either, and a [PAD] or [SEP] inside a sequence
+    would change what the main encoder reads beyond one replaced word.
+
+    The r-th regular id is r shifted up once per never-drawn id at or below it (taken in ascending order):
+    with the platform's ids 0-4 that is randint(5, V) itself, the same draws from the same generator."""
+    skipped = special.never_drawn
+    drawn = torch.randint(0, vocab_size - len(skipped), (count,), device=device, generator=generator)
+    for token in skipped:
+        drawn = drawn + (drawn >= token).long()
+    return drawn
 
 
 def bert_mask_inputs(
     targets: torch.Tensor, vocab_size: int, generator: torch.Generator | None = None,
-    mask_id: int = SpecialTokens.mask,
+    special: SpecialTokens = SpecialTokens(),
 ) -> torch.Tensor:
     """BERT's and RoBERTa's input at the chosen positions (the `roberta_mlm` baseline): 80% [MASK],
     10% a random regular token, 10% the original token; the MLM loss is taken at all of them. (N,)"""
     u = torch.rand(targets.shape, device=targets.device, generator=generator)
-    random_tokens = random_replacements(targets.numel(), vocab_size, targets.device, generator)
-    return torch.where(u < 0.8, torch.full_like(targets, mask_id), torch.where(u < 0.9, random_tokens, targets))
+    random_tokens = random_replacements(targets.numel(), vocab_size, targets.device, generator, special)
+    mask = torch.full_like(targets, special.mask)
+    return torch.where(u < 0.8, mask, torch.where(u < 0.9, random_tokens, targets))
 
 
 def electra_generator_inputs(

@@ -46,13 +46,18 @@ def export_encoder(encoder: Encoder, out_dir: str | Path, tokenizer_dir: str | P
         (out / LM_HEAD_FILES[1]).write_text(json.dumps({"kind": kind}) + "\n")
     if tokenizer_dir is not None:
         for item in Path(tokenizer_dir).iterdir():
-            if item.is_file() and not (out / item.name).exists():
+            if item.is_file() and item.name not in NOT_TOKENIZER and not (out / item.name).exists():
                 shutil.copy2(item, out / item.name)
     (out / CODE_MANIFEST).write_text(json.dumps({"sha256": code_hashes(out)}, indent=1, sort_keys=True) + "\n")
     return out
 
 
 CODE_MANIFEST = "code_manifest.json"
+# The files of an encoder directory that are not its tokenizer's. A run started from an export or from the authors'
+# converted checkpoint (`--init-from`) has that directory as its tokenizer directory; its export takes the tokenizer
+# files from it, never an earlier language-model head or the conversion's record of the authors' own heads
+# (`model.convert`'s official.json, official_heads.safetensors), which are not this encoder's.
+NOT_TOKENIZER = {*LM_HEAD_FILES, "official.json", "official_heads.safetensors"}
 OWN_CODE = Path(__file__).resolve().parent  # the model package: what export_encoder copies
 
 

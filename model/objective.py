@@ -215,9 +215,11 @@ class PretrainingObjective(nn.Module):
     (random_replace, roberta_mlm). The heads on the main encoder live here.
     """
 
-    def __init__(self, main: Encoder, aux: AuxiliaryModel | None, cfg: ObjectiveConfig):
+    def __init__(self, main: Encoder, aux: AuxiliaryModel | None, cfg: ObjectiveConfig,
+                 special: SpecialTokens = SpecialTokens()):
         super().__init__()
         self.cfg = cfg
+        self.special = special  # the tokenizer's ids: the [MASK] it reads, the regular ids it draws from
         self.main = main
         self.aux = aux
         hidden, tokens = main.cfg.hidden_size, main.embeddings.tokens
@@ -271,7 +273,8 @@ class PretrainingObjective(nn.Module):
         x_orig, valid = batch["input_ids"], masked_valid(batch)
         targets = take(x_orig, index)  # (N,)
         if self.cfg.replacement == "random":
-            drawn = random_replacements(targets.numel(), self.main.cfg.vocab_size, x_orig.device, generator)
+            drawn = random_replacements(targets.numel(), self.main.cfg.vocab_size, x_orig.device, generator,
+                                        self.special)
         else:
             drawn = self._aux_samples(batch, index, targets, out, generator, all_real)
         out.replaced_fraction = _mean(drawn != targets, valid)
@@ -288,9 +291,10 @@ class PretrainingObjective(nn.Module):
     ) -> torch.Tensor:
         masked_ids, read_mask, valid = batch["masked_ids"], None, masked_valid(batch)
         if self.cfg.aux_unchanged_fraction:  # ELECTRA's generator sees some chosen positions unmasked
-            shown = electra_generator_inputs(targets, self.cfg.aux_unchanged_fraction, generator)
+            shown = electra_generator_inputs(targets, self.cfg.aux_unchanged_fraction, generator,
+                                             mask_id=self.special.mask)
             masked_ids = scatter(masked_ids, index, shown, valid)
-            read_mask = shown == SpecialTokens.mask
+            read_mask = shown == self.special.mask
         inputs = (masked_ids, batch["attention_mask"], index, all_real)
         train_logits = None
         if not self.cfg.freeze_aux:
@@ -386,13 +390,13 @@ class PretrainingObjective(nn.Module):
         index, all_real = step_inputs(batch)
         x_orig, valid = batch["input_ids"], masked_valid(batch)
         targets = take(x_orig, index)
-        inputs = bert_mask_inputs(targets, self.main.cfg.vocab_size, generator)
+        inputs = bert_mask_inputs(targets, self.main.cfg.vocab_size, generator, special=self.special)
         x_masked = scatter(x_orig, index, inputs, valid)
         h = self.main(x_masked, batch["attention_mask"], all_real)
         logits = self.mlm_head(take(h, index))  # (N, V)
         loss = losses.mlm_loss(logits, targets, valid)
         with torch.no_grad():
-            accuracy = losses.masked_mean(logits.argmax(-1) == targets, _both(inputs == SpecialTokens.mask, valid))
+            accuracy = losses.masked_mean(logits.argmax(-1) == targets, _both(inputs == self.special.mask, valid))
         return PretrainingOutput(loss=loss, mlm_loss=loss.detach(), mlm_accuracy=accuracy)
 
 
@@ -400,12 +404,14 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def build_pretraining_model(model_cfg: ModelConfig, objective_cfg: ObjectiveConfig) -> PretrainingObjective:
-    """Main encoder, the auxiliary sharing its embeddings (when the objective samples from one), the heads."""
+def build_pretraining_model(model_cfg: ModelConfig, objective_cfg: ObjectiveConfig,
+                            special: SpecialTokens = SpecialTokens()) -> PretrainingObjective:
+    """Main encoder, the auxiliary sharing its embeddings (when the objective samples from one), the heads;
+    `special`: the ids of the tokenizer the batches were made with."""
     main = Encoder(model_cfg.main)
     aux = None
     if objective_cfg.replacement == "auxiliary":
         # A frozen (converged) auxiliary keeps embeddings of its own: shared ones would go on training.
         shared = None if objective_cfg.freeze_aux else main.embeddings
         aux = AuxiliaryModel(Encoder(model_cfg.aux, embeddings=shared))
-    return PretrainingObjective(main, aux, objective_cfg)
+    return PretrainingObjective(main, aux, objective_cfg, special)

@@ -174,3 +174,78 @@ def test_sampling_survives_non_finite_logits():
     logits = torch.tensor([[float("nan")] * 4, [0.0, float("inf"), 0.0, 0.0], [float("-inf"), 0.0, 0.0, 0.0]])
     drawn = sample_replacements(logits, torch.Generator().manual_seed(11))
     assert drawn.shape == (3,) and drawn[1] == 1 and drawn[2] != 0
+
+
+# ----------------------------------------------------------------------------- the authors' ids
+
+def authors_ids() -> SpecialTokens:
+    """The ids of the authors' dictionary (tests/fixtures/official-cocolm: 417 ids, madeupword fillers 412-415)."""
+    from pathlib import Path
+
+    from jobs.data.schemes import load_scheme
+
+    return load_scheme(Path(__file__).parent / "fixtures" / "official-cocolm").special_tokens
+
+
+def test_the_authors_dictionary_gives_their_specials_and_its_fillers():
+    assert authors_ids() == SpecialTokens(pad=1, unk=3, cls=0, sep=2, mask=416, fillers=(412, 413, 414, 415))
+
+
+def test_corruption_with_the_authors_ids_is_the_platforms_under_the_renaming_of_ids():
+    """Which positions are masked and which span is cropped depends on where [CLS] and [PAD] are, never on
+    how they are numbered: an authors' batch, renamed id for id into the platform's numbering, corrupts as the
+    renamed batch does with the platform's ids. So [CLS] and padding are never masked and [MASK] is theirs."""
+    theirs, ours = authors_ids(), S
+    vocab = 417
+    specials = {theirs.pad: ours.pad, theirs.unk: ours.unk, theirs.cls: ours.cls, theirs.sep: ours.sep,
+                theirs.mask: ours.mask}
+    rest_theirs = [i for i in range(vocab) if i not in specials]
+    rest_ours = [i for i in range(vocab) if i not in specials.values()]
+    rename = torch.empty(vocab, dtype=torch.long)
+    rename[list(specials)] = torch.tensor(list(specials.values()))
+    rename[rest_theirs] = torch.tensor(rest_ours)
+    g = torch.Generator().manual_seed(21)
+    ids = torch.randint(4, 412, (6, 40), generator=g)  # their regular pieces, a [SEP] between documents
+    ids[:, 0], ids[:, 17] = theirs.cls, theirs.sep
+    ids[2, 25:], ids[5, 9:] = theirs.pad, theirs.pad
+    seeds = [31, 32, 33, 34, 35, 36]
+    got = make_pretraining_batch(ids, generator=[torch.Generator().manual_seed(s) for s in seeds], special=theirs)
+    expected = make_pretraining_batch(rename[ids], generator=[torch.Generator().manual_seed(s) for s in seeds])
+    for key in expected:
+        assert torch.equal(rename[got[key]] if got[key].dtype == torch.int64 else got[key], expected[key]), key
+    chosen = got["mask_positions"]
+    assert chosen.any() and not (chosen & ((ids == theirs.cls) | (ids == theirs.pad))).any()
+    assert (got["masked_ids"][chosen] == theirs.mask).all() and torch.equal(got["attention_mask"], ids != theirs.pad)
+
+
+def test_random_replacements_never_draw_the_authors_specials_or_fillers_and_reach_every_regular_id():
+    theirs = authors_ids()
+    drawn = random_replacements(200_000, 417, torch.device("cpu"), torch.Generator().manual_seed(22), theirs)
+    freq = torch.bincount(drawn, minlength=417)
+    never = list(theirs.never_drawn)
+    assert freq[never].sum() == 0 and freq.numel() == 417
+    regular = freq[[i for i in range(417) if i not in never]].float() / drawn.numel()
+    assert regular.numel() == 408 and torch.allclose(regular, torch.full((408,), 1 / 408), atol=0.0015)
+
+
+def test_random_replacements_are_the_rth_regular_id_of_the_same_draw():
+    """Against an independent computation: the generator's randint over the count of regular ids picks the
+    r-th of the regular ids in ascending order (fillers between regular ids included). With the platform's
+    ids that is randint(5, V) itself: the draws the committed studies made."""
+    special = SpecialTokens(pad=1, unk=3, cls=0, sep=2, mask=19, fillers=(7, 9, 10))
+    regular = [i for i in range(20) if i not in special.never_drawn]
+    r = torch.randint(0, len(regular), (5000,), generator=torch.Generator().manual_seed(23))
+    drawn = random_replacements(5000, 20, torch.device("cpu"), torch.Generator().manual_seed(23), special)
+    assert drawn.tolist() == [regular[i] for i in r.tolist()]
+    platform = random_replacements(5000, 300, torch.device("cpu"), torch.Generator().manual_seed(24))
+    assert torch.equal(platform, torch.randint(5, 300, (5000,), generator=torch.Generator().manual_seed(24)))
+
+
+def test_berts_inputs_with_the_authors_ids_read_their_mask_and_random_regular_ids():
+    theirs = authors_ids()
+    targets = torch.randint(4, 412, (60000,), generator=torch.Generator().manual_seed(25))
+    inputs = bert_mask_inputs(targets, 417, torch.Generator().manual_seed(26), special=theirs)
+    masked, kept = inputs == theirs.mask, inputs == targets
+    random = ~masked & ~kept
+    assert abs(masked.float().mean() - 0.8) < 0.01 and abs(random.float().mean() - 0.1) < 0.01
+    assert not torch.isin(inputs[random], torch.tensor(theirs.never_drawn)).any()

@@ -128,11 +128,11 @@ def test_padded_slots_add_nothing_and_get_no_gradient():
 # ----------------------------------------------------------------------------- the step
 
 
-def bert_mask_by_token(targets, vocab_size, generator=None, mask_id=SpecialTokens.mask):
+def bert_mask_by_token(targets, vocab_size, generator=None, special=SpecialTokens()):
     """roberta_mlm's 80/10/10 inputs as a rule of the token, not a draw: the two steps make different
     numbers of draws (one per slot), so only the first draw of a generator gives both the same values."""
     keep = torch.where(targets % 10 == 0, targets, (targets * 7) % (vocab_size - 5) + 5)
-    return torch.where(targets % 10 < 8, torch.full_like(targets, mask_id), keep)
+    return torch.where(targets % 10 < 8, torch.full_like(targets, special.mask), keep)
 
 
 def electra_inputs_by_token(targets, unchanged_fraction, generator=None, mask_id=SpecialTokens.mask):

@@ -11,6 +11,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from jobs.cli import UserError
+from jobs.data.tokens import load_tokenizer
 from jobs.pretraining import checkpoint, job
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import resolve, to_yaml
@@ -38,7 +39,7 @@ def recipe_free(cfg):
 def test_the_main_encoder_starts_from_every_tensor_and_the_shape_of_the_converted_authors_checkpoint(home, tmp_path):
     converted = load_encoder(from_official(FIXTURE, tmp_path / "converted"))
     init = resolve_init(str(FIXTURE), None)
-    cfg = init_config("tiny", "cocolm", [], init)
+    cfg = init_config("tiny", "cocolm", ["data.seq_len=64"], init)  # the fixture's 64 positions
     model = build_pretraining_model(cfg.model, cfg.objective)
     initialise(model, init.weights())
     assert recipe_free(model.main.cfg) == recipe_free(converted.cfg)  # 32 wide, 64 positions, the authors' buckets
@@ -65,18 +66,47 @@ def test_a_model_setting_that_conflicts_with_the_checkpoints_shape_is_one_line_n
     assert "model.hidden_size=48" in line and "hidden_size=32" in line
 
 
-def test_the_authors_tokenizer_is_refused_naming_why_the_stream_cannot_take_it(home, monkeypatch):
-    line = refused(["--init-from", str(FIXTURE)], monkeypatch)
-    assert "does not take the authors' tokenizer" in line and "[PAD]=0" in line
+def test_the_authors_checkpoint_passes_every_check_and_reaches_ray_with_their_ids(home, monkeypatch, tmp_path):
+    """Continued pretraining takes the authors' tokenizer: the run's config carries their [PAD] (1) and their
+    vocabulary, and nothing refuses it before Ray starts."""
+    class RayStarts(Exception):
+        pass
+
+    monkeypatch.setattr(job, "init_ray", lambda **_: (_ for _ in ()).throw(RayStarts()))
+    init = resolve_init(str(FIXTURE), None)
+    cfg = init_config("tiny", "cocolm", ["data.seq_len=64"], init)
+    assert (cfg.model.pad_token_id, cfg.model.token_padding_idx, cfg.data.vocab_size) == (1, 0, 417)
+    with pytest.raises(RayStarts):
+        job.run(cfg, storage=str(tmp_path / "storage"), init=init)
 
 
-def test_a_pretraining_checkpoint_gives_its_auxiliary_too(home, tmp_path):
-    source_cfg = resolve("tiny", "cocolm", ["data.vocab_size=50", "model.aux_layers=2"])
+def test_the_options_take_the_source_main_resolved_and_resolve_none_themselves(home):
+    with pytest.raises(ValueError, match="resolved once, by main"):
+        job.PretrainOptions(init_from=str(FIXTURE)).config()
+
+
+def test_a_pad_id_other_than_the_tokenizers_is_one_line(home, tokenizer_dir, monkeypatch):
+    converted = resolve_init(str(FIXTURE), None).encoder.tokenizer_dir
+    line = refused(["--tokenizer", str(converted), "--set", "data.seq_len=64"], monkeypatch)
+    assert "model.pad_token_id=0" in line and "[PAD] 1" in line
+
+
+def test_blocks_longer_than_the_checkpoints_positions_are_one_line(home, monkeypatch):
+    line = refused(["--init-from", str(FIXTURE)], monkeypatch)  # tiny's blocks of 128, the fixture's 64 positions
+    assert "data.seq_len=128" in line and "model.max_positions=64" in line
+
+
+def test_a_pretraining_checkpoint_gives_its_auxiliary_too(home, tokenizer_dir, tmp_path, monkeypatch):
+    pieces = load_tokenizer(tokenizer_dir).get_vocab_size()
+    source_cfg = resolve("tiny", "cocolm", [f"data.vocab_size={pieces}", "model.aux_layers=2"])
     trained, optimizer, scheduler = build_training(source_cfg)
-    checkpoint.save(tmp_path / "ckpt", trained, optimizer, scheduler, TrainState(step=3), to_yaml(source_cfg), None)
-    (tmp_path / "ckpt" / "tokenizer" / "tokenizer.json").parent.mkdir()
-    (tmp_path / "ckpt" / "tokenizer" / "tokenizer.json").write_text("{}")
+    checkpoint.save(tmp_path / "ckpt", trained, optimizer, scheduler, TrainState(step=3), to_yaml(source_cfg),
+                    tokenizer_dir)
+    loads = []
+    monkeypatch.setattr(checkpoint, "load_pretrained",
+                        lambda *a, load=checkpoint.load_pretrained: loads.append(a) or load(*a))
     init = resolve_init(str(tmp_path / "ckpt"), None)
+    assert len(loads) == 1  # model.pt read once, for the encoder and the auxiliary
     model = build_pretraining_model(init_config("tiny", "cocolm", [], init).model, source_cfg.objective)
     initialise(model, init.weights())
     assert model.aux.encoder.cfg.num_layers == 2  # the source's rule, not tiny's one layer

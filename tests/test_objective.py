@@ -1,11 +1,13 @@
 """The pretraining objective as a whole: gradient facts, counting rules, and every variant learning."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import VARIANTS, ObjectiveConfig, build_pretraining_model, make_pretraining_batch, model_size
-from model.corruption import SpecialTokens
+from model.corruption import SpecialTokens, random_replacements
 from model import objective as objective_module
 from model.objective import masked_index, step_inputs, take, to_device, unpadded
 from model.step import OptimizerConfig, TrainingStep, build_optimizer
@@ -411,3 +413,71 @@ def test_cls_cosines_every_k_training_passes_and_on_every_held_out_pass():
     assert all(every(fixed_batch(s), torch.Generator().manual_seed(s)).cls_positive_cosine is not None for s in range(3))
     with pytest.raises(ValueError, match="cls_cosines_every"):
         ObjectiveConfig(cls_cosines_every=0)
+
+
+# ----------------------------------------------------------------------------- the authors' ids
+
+def authors_ids() -> SpecialTokens:
+    """Their ids, from the authors' dictionary in tests/fixtures/official-cocolm ([MASK] = 416, fillers 412-415)."""
+    from pathlib import Path
+
+    from jobs.data.schemes import load_scheme
+
+    return load_scheme(Path(__file__).parent / "fixtures" / "official-cocolm").special_tokens
+
+
+def authors_batch(special, seed: int = 0) -> dict:
+    """Blocks of the authors' regular ids (4..411), their [CLS] first, one row padded with their [PAD]."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, 412, (16, 64), generator=g)
+    ids[:, 0], ids[3, 40:] = special.cls, special.pad
+    return make_pretraining_batch(ids, generator=g, special=special)
+
+
+def authors_model(name: str, special):
+    model_cfg, objective_cfg = VARIANTS[name].apply(model_size("tiny", vocab_size=417), ObjectiveConfig())
+    torch.manual_seed(0)
+    return build_pretraining_model(dataclasses.replace(model_cfg, dropout=0.0, attention_dropout=0.0), objective_cfg,
+                                   special)
+
+
+def test_roberta_mlms_accuracy_is_read_at_the_authors_mask():
+    theirs = authors_ids()
+    model, batch = authors_model("roberta_mlm", theirs).eval(), authors_batch(theirs)
+    seen = {}
+    model.main.register_forward_pre_hook(lambda module, args: seen.setdefault("input", args[0]))
+    out = model(batch, generator=torch.Generator().manual_seed(3))
+    chosen = batch["mask_positions"]
+    read, original = seen["input"][chosen], batch["input_ids"][chosen]
+    at_mask = read == theirs.mask
+    assert 0.7 < at_mask.float().mean() < 0.9  # their [MASK] is what the chosen positions read
+    assert not torch.isin(read[~at_mask & (read != original)], torch.tensor(theirs.never_drawn)).any()
+    logits = model.mlm_head(model.main(seen["input"], batch["attention_mask"])[chosen])
+    torch.testing.assert_close(out.mlm_accuracy, (logits.argmax(-1) == original)[at_mask].float().mean())
+
+
+def test_electras_auxiliary_accuracy_is_read_at_the_authors_mask():
+    theirs = authors_ids()
+    model, batch = authors_model("electra", theirs), authors_batch(theirs, seed=1)
+    seen = []
+    model.aux.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+    out = model(batch, torch.Generator().manual_seed(2))
+    masked_ids, logits = seen[-1]
+    chosen = batch["mask_positions"]
+    shown, original = masked_ids[chosen], batch["input_ids"][chosen]
+    read = shown == theirs.mask
+    assert ((shown == theirs.mask) | (shown == original)).all() and 0.75 < read.float().mean() < 0.95
+    torch.testing.assert_close(out.aux_mlm_accuracy, (logits.argmax(-1) == original)[read].float().mean())
+
+
+def test_random_replace_draws_only_the_authors_regular_ids():
+    theirs = authors_ids()
+    model, batch = authors_model("random_replace", theirs), authors_batch(theirs, seed=2)
+    seen = {}
+    model.main.register_forward_pre_hook(lambda module, args: seen.setdefault("input", args[0]))
+    model(batch, torch.Generator().manual_seed(4))
+    drawn = seen["input"][batch["mask_positions"]]
+    assert drawn.numel() > 100 and not torch.isin(drawn, torch.tensor(theirs.never_drawn)).any()
+    # the step's first draw from its generator: uniform over their regular ids, in the masked positions' order
+    expected = random_replacements(drawn.numel(), 417, torch.device("cpu"), torch.Generator().manual_seed(4), theirs)
+    assert torch.equal(drawn, expected)

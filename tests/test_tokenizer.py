@@ -131,3 +131,22 @@ def test_the_cache_key_is_the_corpus_content_not_its_names_and_sizes(tmp_path):
     listed = object_listing(local, str(tmp_path))
     os.utime(renamed, ns=(10**18, 10**18))  # an object rewritten in place: same size, new time
     assert object_listing(local, str(tmp_path)) != listed
+
+
+def test_a_tokenizer_directory_gives_its_own_files_alone(tokenizer_dir, tmp_path):
+    """What a checkpoint and a run keep of a tokenizer directory, which may be a whole encoder directory
+    (`--init-from` an export or the authors' converted checkpoint): never the weights beside it."""
+    import shutil
+
+    from jobs.data.tokens import tokenizer_files
+
+    ours = tmp_path / "export"
+    shutil.copytree(tokenizer_dir, ours)
+    for other in ("model.safetensors", "config.json", "code_manifest.json", "lm_head.safetensors"):
+        (ours / other).write_text("{}")
+    assert sorted(p.name for p in tokenizer_files(ours)) == sorted(p.name for p in tokenizer_dir.iterdir())
+    theirs = tmp_path / "converted"
+    theirs.mkdir()
+    for name in ("sp.model", "dict.txt", "pytorch_model.bin", "official_heads.safetensors"):
+        (theirs / name).write_text("x")
+    assert [p.name for p in tokenizer_files(theirs)] == ["sp.model", "dict.txt"]

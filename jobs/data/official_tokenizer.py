@@ -24,11 +24,13 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from model.corruption import SpecialTokens
 from model.fairseq_dictionary import ALIASES, CLS, MASK, PAD, SEP, UNK, read_dictionary
 
-MODEL_FILE = "sp.model"
-DICTIONARY_FILE = "dict.txt"
+from jobs.data.tokens import DICTIONARY_FILE, MODEL_FILE
+
 WORD_START = "\u2581"  # SentencePiece's ▁
+FILLER = re.compile(r"madeupword\d+")  # fairseq's pad_to_multiple_ symbols: in the vocabulary, never in text
 FOLD = str.maketrans("‘’´“”—–", "'''\"\"--")
 # A quote split from a contraction is put back: (pattern, replacement), in this order.
 CONTRACTIONS = (
@@ -77,6 +79,15 @@ class OfficialTokenizer:
         self.indices, self.vocab_size = read_dictionary(directory / DICTIONARY_FILE)
         self.cls_id, self.pad_id, self.sep_id, self.unk_id = CLS, PAD, SEP, UNK
         self.mask_id = self.indices[MASK]
+        self.special_tokens = self._special_tokens()
+
+    def _special_tokens(self) -> SpecialTokens:
+        """The ids pretraining packs, masks and draws with: the specials, and as fillers the madeupword
+        symbols and the ids an overwrite left without a symbol (`model.fairseq_dictionary.read_dictionary`)."""
+        fillers = {i for symbol, i in self.indices.items() if FILLER.fullmatch(symbol)}
+        fillers |= set(range(self.vocab_size)) - set(self.indices.values())
+        return SpecialTokens(pad=self.pad_id, unk=self.unk_id, cls=self.cls_id, sep=self.sep_id, mask=self.mask_id,
+                             fillers=tuple(sorted(fillers)))
 
     def tokenize(self, text: str) -> list[str]:
         """SentencePiece pieces of the pre-tokenized text, without lone ▁ before punctuation or at the end."""
@@ -90,6 +101,10 @@ class OfficialTokenizer:
     def ids(self, text: str) -> list[int]:
         """The text's ids without special tokens and without truncation."""
         return self.piece_ids(self.tokenize(text))
+
+    def batch_ids(self, texts: list[str]) -> list[list[int]]:
+        """`ids` of each text: the documents of one packing batch."""
+        return [self.ids(text) for text in texts]
 
     def encode(self, text: str, pair: str | None = None, max_length: int = 512) -> list[int]:
         """What the model reads for `text` (and `pair`), at most `max_length` ids."""

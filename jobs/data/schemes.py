@@ -1,5 +1,6 @@
-"""The one loader that decides which tokenizer scheme a directory holds, and what the model reads for a
-text (pair) under either.
+"""The one loader of the tokenizer scheme a directory holds (`load_scheme`), and what the model reads for a
+text (pair) under either. Which scheme it is (`scheme_of`) and the platform's scheme live in `jobs.data.tokens`,
+which the pretraining stream's Ray Data workers import without sentencepiece.
 
 - the platform's: `tokenizer.json`, written by `python -m jobs.data.tokenizer` (SentencePiece rebuilt as a
   fast tokenizer; [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), encoded through `jobs.data.tokens`;
@@ -16,50 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobs.cli import UserError
-from jobs.data.official_tokenizer import DICTIONARY_FILE, MODEL_FILE, OfficialTokenizer
-from jobs.data.tokens import load_tokenizer
+from jobs.data.official_tokenizer import OfficialTokenizer
+from jobs.data.tokens import DICTIONARY_FILE, MODEL_FILE, PlatformScheme, load_tokenizer, scheme_of
 
-PLATFORM_FILE = "tokenizer.json"
-
-
-class PlatformScheme:
-    """A platform tokenizer directory, with the layout the fine-tuning tasks feed the model."""
-
-    name = "platform"
-
-    def __init__(self, directory: str | Path):
-        self.tokenizer = load_tokenizer(directory)
-        special = {t: self.tokenizer.token_to_id(t) for t in ("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]")}
-        if None in special.values():
-            raise UserError(f"{directory}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
-        self.cls_id, self.pad_id, self.sep_id, self.unk_id, self.mask_id = special.values()
-        self.vocab_size = self.tokenizer.get_vocab_size()
-
-    def ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def encode(self, text: str, pair: str | None = None, max_length: int = 512) -> list[int]:
-        a = self.ids(text)
-        if pair is None:
-            return [self.cls_id, *a[: max(max_length - 2, 0)], self.sep_id]
-        b = self.ids(pair)
-        while len(a) + len(b) > max_length - 4 and (a or b):
-            (a if len(a) >= len(b) else b).pop()
-        return [self.cls_id, *a, self.sep_id, self.sep_id, *b, self.sep_id]
-
-
-def scheme_of(directory: str | Path) -> str:
-    """'platform' or 'official', from the files `directory` holds; a UserError naming them otherwise."""
-    folder = Path(directory)
-    platform = (folder / PLATFORM_FILE).is_file()
-    official = (folder / MODEL_FILE).is_file() and (folder / DICTIONARY_FILE).is_file()
-    if platform and official:
-        raise UserError(f"{folder} holds both a platform tokenizer ({PLATFORM_FILE}) and the authors' "
-                        f"({MODEL_FILE} + {DICTIONARY_FILE}): keep one")
-    if not (platform or official):
-        raise UserError(f"{folder} holds no tokenizer: neither {PLATFORM_FILE} (the platform's) nor "
-                        f"{MODEL_FILE} + {DICTIONARY_FILE} (the authors')")
-    return "platform" if platform else "official"
+__all__ = ["PlatformScheme", "load_scheme", "platform_tokenizer_for", "scheme_of"]
 
 
 def platform_tokenizer_for(directory: str | Path, purpose: str):

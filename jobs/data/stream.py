@@ -6,6 +6,11 @@ Packing: the documents of one tokenize batch are joined into one token stream wi
 every document and cut into blocks of seq_len - 1 tokens, each block headed by [CLS]. A long
 document simply continues in the next block, so no token is lost or repeated; only the last block
 of each batch is padded with [PAD] (0.3% of the positions on the shipped corpus at T = 512).
+Documents are encoded by the tokenizer directory's scheme (`jobs.data.schemes`: the platform's
+tokenizer.json, or the authors' sp.model + dict.txt exactly as their tokenizer encodes), and
+[CLS], [SEP], [PAD] and [MASK] are that scheme's ids (`Stream.special`, passed on to `corrupt`).
+The scheme travels to the tasks pickled: this module, which every Ray Data worker imports, does not
+import the authors' scheme (sentencepiece); a run that encodes with it has its driver load it.
 
 Corruption (dynamic mask + crop, `model.corruption.make_pretraining_batch`) is applied per epoch
 on the consumer side, because an epoch number cannot reach a Ray Data UDF once Ray Train has split
@@ -56,7 +61,7 @@ import torch
 from jobs.cli import UserError
 from jobs.data.config import DataConfig
 from jobs.data.corpus import corpus_paths, expand_paths, read_documents
-from jobs.data.tokens import tokenizer_from_json
+from jobs.data.tokens import PlatformScheme, scheme_of
 from model.corruption import SpecialTokens, make_pretraining_batch
 
 
@@ -65,15 +70,26 @@ class Stream(NamedTuple):
     skips: ray.actor.ActorHandle  # jobs.data.corpus.SkipCounter: `skip_summary(skips)` after an epoch
     tokenizer_dir: Path  # saved with checkpoints; its vocabulary is the model's
     long_blocks: ray.data.Dataset | None = None  # the same documents in blocks of long_seq_len, if it is set
+    special: SpecialTokens = SpecialTokens()  # the tokenizer's ids, which the blocks hold and corruption uses
 
 
-def check_inputs(cfg: DataConfig) -> None:
-    """Missing local corpus paths and a tokenizer directory without a tokenizer are errors that name
-    them, raised before Ray starts (cloud URIs are checked when Ray Data reads them)."""
+def check_inputs(cfg: DataConfig, schemes: tuple[str, ...] = ("platform",)) -> None:
+    """Missing local corpus paths and a tokenizer directory without a tokenizer of `schemes` are errors that
+    name them, raised before Ray starts (cloud URIs are checked when Ray Data reads them). The stream packs
+    and corrupts with either scheme; the pretraining job takes both, the packed-blocks tools (`jobs.data.pack`,
+    the stream bench) read the platform's tokenizer.json alone."""
     expand_paths(corpus_paths(cfg))
-    if cfg.tokenizer_dir and not (Path(cfg.tokenizer_dir) / "tokenizer.json").is_file():
-        raise UserError(f"tokenizer directory {cfg.tokenizer_dir} holds no tokenizer.json: "
-                                f"train one with `python -m jobs.data.tokenizer --out DIR`, or leave --tokenizer out")
+    if not cfg.tokenizer_dir:
+        return
+    try:
+        scheme = scheme_of(cfg.tokenizer_dir)
+    except UserError as error:
+        raise UserError(f"tokenizer directory {error}: train one with `python -m jobs.data.tokenizer --out DIR`, or "
+                        f"leave --tokenizer out") from None
+    if scheme not in schemes:
+        raise UserError(f"tokenizer directory {cfg.tokenizer_dir} holds the authors' tokenizer (sp.model + dict.txt), "
+                        f"and this tool reads a platform tokenizer.json; pretraining takes it (python -m "
+                        f"jobs.pretraining --init-from their checkpoint)")
 
 
 def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = SpecialTokens()) -> np.ndarray:
@@ -91,25 +107,27 @@ def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = Spec
     return np.concatenate([cls, padded.reshape(n_blocks, body)], axis=1)  # (N, T)
 
 
-def _tokenize_and_pack(batch: dict[str, np.ndarray], tokenizer_json: str, seq_len: int) -> dict[str, np.ndarray]:
-    """Ray Data UDF: documents -> packed blocks."""
-    encodings = tokenizer_from_json(tokenizer_json).encode_batch_fast(list(batch["text"]), add_special_tokens=False)
-    return {"input_ids": pack([e.ids for e in encodings], seq_len)}
+def _tokenize_and_pack(batch: dict[str, np.ndarray], scheme, seq_len: int) -> dict[str, np.ndarray]:
+    """Ray Data UDF: documents -> packed blocks, with the scheme's ids and its [CLS], [SEP] and [PAD]."""
+    return {"input_ids": pack(scheme.batch_ids(list(batch["text"])), seq_len, scheme.special_tokens)}
 
 
-def build_stream(cfg: DataConfig, tokenizer_dir: Path) -> Stream:
+def build_stream(cfg: DataConfig, tokenizer_dir: Path, scheme=None) -> Stream:
     """The lazy dataset of packed blocks; nothing runs until it is iterated (or split by Ray Train).
-    `tokenizer_dir` is `jobs.data.tokenizer.resolve_tokenizer(cfg)`: resolved by the caller so that
-    this module, which every Ray Data worker imports for its UDFs, imports no tokenizer training
-    (sentencepiece, transformers, mlflow)."""
+    `tokenizer_dir` is `jobs.data.tokenizer.resolve_tokenizer(cfg)` and `scheme` the tokenizer it holds
+    (`jobs.data.schemes.load_scheme`; None: its platform tokenizer.json), resolved by the caller so that
+    this module, which every Ray Data worker imports for its UDFs, imports no tokenizer training and no
+    authors' scheme (sentencepiece, transformers, mlflow)."""
+    # The tokenizer travels with the task, pickled, not as a path: the driver's cache dir may not exist on the
+    # node that runs it.
+    scheme = scheme or PlatformScheme(tokenizer_dir)
     documents, skips = read_documents(corpus_paths(cfg), cfg.max_record_chars, num_cpus=cfg.data_cpus)
-    # The tokenizer travels with the task, not as a path: the driver's cache dir may not exist on the node that runs it.
-    tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")
-    long_blocks = _packed(documents, cfg, tokenizer_json, cfg.long_seq_len) if cfg.long_seq_len else None
-    return Stream(_packed(documents, cfg, tokenizer_json, cfg.seq_len), skips, tokenizer_dir, long_blocks)
+    long_blocks = _packed(documents, cfg, scheme, cfg.long_seq_len) if cfg.long_seq_len else None
+    return Stream(_packed(documents, cfg, scheme, cfg.seq_len), skips, tokenizer_dir, long_blocks,
+                  scheme.special_tokens)
 
 
-def _packed(documents: ray.data.Dataset, cfg: DataConfig, tokenizer_json: str, seq_len: int) -> ray.data.Dataset:
+def _packed(documents: ray.data.Dataset, cfg: DataConfig, scheme, seq_len: int) -> ray.data.Dataset:
     """The documents in blocks of `seq_len`, in corpus order. A second length reads the corpus again (the skip
     counter sets each file's counts, so they are not doubled)."""
     blocks = documents.map_batches(
@@ -117,7 +135,7 @@ def _packed(documents: ray.data.Dataset, cfg: DataConfig, tokenizer_json: str, s
         batch_size=cfg.pack_batch_docs,
         batch_format="numpy",
         num_cpus=cfg.data_cpus,
-        fn_kwargs={"tokenizer_json": tokenizer_json, "seq_len": seq_len},
+        fn_kwargs={"scheme": scheme, "seq_len": seq_len},
     )
     blocks.context.target_max_block_size = cfg.block_bytes  # this dataset's context: applies to every stage
     blocks.context.execution_options.preserve_order = True  # corpus order when iterated here (Ray Train: ingest_config)
@@ -152,19 +170,21 @@ def corrupt(
     seed: int,
     mask_rate: float = 0.15,
     crop_fraction: float = 0.9,
+    special: SpecialTokens = SpecialTokens(),
 ) -> dict[str, torch.Tensor]:
-    """Packed blocks {"input_ids": (B, T)} -> the batch contract of model/corruption.py (CPU tensors).
+    """Packed blocks {"input_ids": (B, T)} -> the batch contract of model/corruption.py (CPU tensors), with
+    the ids of the tokenizer that packed them (`Stream.special`).
 
     Each block draws from its own seeded generator (see module doc), in one `make_pretraining_batch` call.
     """
     blocks = np.asarray(batch["input_ids"])
     generators = [torch.Generator().manual_seed(block_seed(seed, epoch, block)) for block in blocks]
-    return make_pretraining_batch(torch.as_tensor(blocks).long(), mask_rate, crop_fraction, generators)
+    return make_pretraining_batch(torch.as_tensor(blocks).long(), mask_rate, crop_fraction, generators, special)
 
 
 def pretraining_batches(
     source: ray.data.Dataset | ray.data.DataIterator, cfg: DataConfig, epoch: int, drop_last: bool = False,
-    skip: int = 0,
+    skip: int = 0, special: SpecialTokens = SpecialTokens(),
 ) -> Iterator[dict[str, torch.Tensor]]:
     """One epoch of corrupted batches from the whole stream or from a worker's shard, shuffled over
     `cfg.shuffle_buffer` blocks with a seed of (seed, epoch). The first `skip` batches (consumed
@@ -177,19 +197,22 @@ def pretraining_batches(
     )
     for index, batch in enumerate(batches):
         if index >= skip:
-            yield corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction)
+            yield corrupt(batch, epoch, cfg.seed, cfg.mask_rate, cfg.crop_fraction, special)
 
 
-def _corrupt_numpy(batch: dict[str, np.ndarray], epoch: int, seed: int, mask_rate: float, crop_fraction: float):
-    return {k: v.numpy() for k, v in corrupt(batch, epoch, seed, mask_rate, crop_fraction).items()}
+def _corrupt_numpy(batch: dict[str, np.ndarray], epoch: int, seed: int, mask_rate: float, crop_fraction: float,
+                   special: SpecialTokens):
+    return {k: v.numpy() for k, v in corrupt(batch, epoch, seed, mask_rate, crop_fraction, special).items()}
 
 
-def corrupted(blocks: ray.data.Dataset, cfg: DataConfig, epoch: int) -> ray.data.Dataset:
+def corrupted(blocks: ray.data.Dataset, cfg: DataConfig, epoch: int,
+              special: SpecialTokens = SpecialTokens()) -> ray.data.Dataset:
     """The same corruption as a Ray Data stage (numpy columns), for consumers outside Ray Train."""
     return blocks.map_batches(
         _corrupt_numpy,
         batch_size=cfg.batch_size,
         batch_format="numpy",
         num_cpus=cfg.data_cpus,
-        fn_kwargs={"epoch": epoch, "seed": cfg.seed, "mask_rate": cfg.mask_rate, "crop_fraction": cfg.crop_fraction},
+        fn_kwargs={"epoch": epoch, "seed": cfg.seed, "mask_rate": cfg.mask_rate, "crop_fraction": cfg.crop_fraction,
+                   "special": special},
     )

@@ -34,6 +34,7 @@ from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAM
 from model import PretrainingObjective, build_pretraining_model
 
 from jobs.cli import UserError
+from jobs.data.tokens import tokenizer_files
 from jobs.pretraining.config import PretrainConfig, from_yaml
 
 
@@ -229,7 +230,9 @@ def save(
     (directory / "state.json").write_text(json.dumps(asdict(state), indent=1))
     (directory / "config.yaml").write_text(config_yaml)
     if tokenizer_dir:
-        shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
+        (directory / "tokenizer").mkdir(exist_ok=True)
+        for file in tokenizer_files(tokenizer_dir):
+            shutil.copy2(file, directory / "tokenizer" / file.name)
     write_manifest(directory)
     return directory
 

@@ -281,6 +281,9 @@ def resolve(preset: str, variant_name: str = "cocolm", overrides: list[str] | No
     """Preset, then the variant's overlays, then the preset's word on this variant (its `variants:`
     section), then the user's overrides: the user has the last word. A run started from a checkpoint
     (`init_from`) takes that checkpoint's `shape` (model fields) in place of the preset's size."""
+    if init_from and shape is None:
+        raise ValueError("a run started from a checkpoint takes its shape and tokenizer: resolve its config with "
+                         "jobs.pretraining.job.init_config")
     layers, for_variants = load_preset(preset)
     overlays = variant_overlays(variant_name)
     recipe = for_variants.get(variant_name, {})

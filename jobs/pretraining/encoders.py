@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub import constants as hub_constants
@@ -45,6 +46,11 @@ class PretrainedEncoder:
     variant: str = ""  # the pretraining variant when known
     lm_head_kind: str = ""  # "clm" | "mlm" when the export kept its language-model head, else ""
     lm_head_state: dict[str, torch.Tensor] | None = None
+    # A pretraining checkpoint's auxiliary, which continued pretraining starts from (`--init-from`), and the rule
+    # it was built by ({"aux_layers": ..., "aux_width_divisor": ...}); None where the source has none, or a frozen
+    # one (converged_aux: it has token embeddings of its own, not the main encoder's).
+    aux_state: dict[str, torch.Tensor] | None = None
+    aux_shape: dict[str, Any] | None = None
 
     def build(self) -> Encoder:
         encoder = Encoder(self.cfg)
@@ -157,10 +163,17 @@ def _lm_head_fields(head) -> dict:
 
 
 def encoder_from_checkpoint(directory: str | Path) -> PretrainedEncoder:
-    """The main encoder of a pretraining checkpoint: the model rebuilt from its config.yaml, model.pt loaded."""
+    """The main encoder of a pretraining checkpoint, and its trained auxiliary: the model rebuilt from its
+    config.yaml, model.pt loaded once."""
     directory = Path(directory)
     model, cfg = checkpoint.load_pretrained(directory)
-    if not (directory / "tokenizer" / "tokenizer.json").is_file():
-        raise UserError(f"{directory}/tokenizer/tokenizer.json not found: the checkpoint lacks its tokenizer")
+    try:
+        scheme_of(directory / "tokenizer")
+    except UserError:
+        raise UserError(f"{directory}/tokenizer holds no tokenizer: the checkpoint lacks its tokenizer") from None
+    aux = {}
+    if model.aux is not None and not cfg.objective.freeze_aux:
+        aux = {"aux_state": model.aux.state_dict(),
+               "aux_shape": {"aux_layers": cfg.model.aux_layers, "aux_width_divisor": cfg.model.aux_width_divisor}}
     return PretrainedEncoder(model.main.cfg, model.main.state_dict(), directory / "tokenizer", str(directory),
-                             preset=cfg.preset, variant=cfg.variant, **_lm_head_fields(model.lm_head))
+                             preset=cfg.preset, variant=cfg.variant, **_lm_head_fields(model.lm_head), **aux)

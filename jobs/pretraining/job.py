@@ -9,7 +9,8 @@ the same command (same resolved config, or the same --name with the same setting
 from its last checkpoint, in the same MLflow run; a finished run is reported and not run again. A
 named run given other settings, or a run another command holds, is an error before Ray starts.
 `--init-from` continues pretraining an encoder (the authors' released checkpoint, an export, a checkpoint or a
-run): the main encoder starts from its weights, with its shape and its tokenizer.
+run): the main encoder starts from its weights, with its shape and its tokenizer, whose special ids the stream
+packs and corrupts with (the authors': [CLS]=0 [PAD]=1 [SEP]=2 [UNK]=3, [MASK] last).
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ from jobs import faults, tracking
 from jobs.data.corpus import SHIPPED, skip_summary
 from jobs.data.stream import Stream, build_stream, check_inputs, ingest_config
 from jobs.data.tokenizer import resolve_tokenizer
-from jobs.data.schemes import scheme_of
-from jobs.data.tokens import load_tokenizer
+from jobs.data.schemes import load_scheme
+from jobs.data.tokens import tokenizer_files
 from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options, redact
 from jobs.env import set_hermetic_env
 from jobs.pretraining.encoders import LATEST, PretrainedEncoder, latest_pretraining_run, resolve_encoder
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
-from jobs.pretraining.config import (PretrainConfig, available_presets, on_shape, parse_overrides, resolve, to_yaml,
+from jobs.pretraining.config import (PretrainConfig, available_presets, parse_overrides, resolve, to_yaml,
                                     with_vocab_size)
 from jobs.pretraining.loop import (LONG_SHARD, STORAGE_FAILURE, InitWeights, LoopContext, check_aux_checkpoint,
                                   check_step_options, train_loop_per_worker)
@@ -66,9 +67,9 @@ class PretrainResult:
 def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | None = None, name: str | None = None,
         experiment: str = PRETRAINING_EXPERIMENT, init: InitSource | None = None) -> PretrainResult:
     """Check, train, export. Everything a user can get wrong is checked before Ray starts and before
-    the run is touched: the name, the tracking store, the source a run starts from (`cfg.init_from`;
-    `init` when the caller resolved it already), the inputs, the storage, a named run's settings,
-    whether another command holds the run."""
+    the run is touched: the name, the tracking store, the source a run starts from (`cfg.init_from`, a
+    config from `init_config`; `init` when the caller resolved it already), the inputs, the storage, a named
+    run's settings, whether another command holds the run."""
     set_hermetic_env()
     if name is not None:
         check_name("--name", name)  # it names the run's folder and its tracking-store filter
@@ -81,8 +82,8 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     check_corpus(cfg)
     if cfg.init_from:
         init = init or resolve_init(cfg.init_from, tracking_uri)
-        check_init(cfg, init)
-    check_inputs(cfg.data)  # before Ray starts
+    check_inputs(cfg.data, ("platform", "official"))  # before Ray starts
+    check_pad(cfg)
     storage = storage or tracking.default_storage()
     tracking.check_storage(storage)
     cfg = with_vocab_size(cfg, _expected_vocab_size(cfg))  # the run's name and params hold it
@@ -109,8 +110,10 @@ def _train(cfg: PretrainConfig, client: MlflowClient, experiment_id: str, experi
            tracking_uri: str, storage: str, init: InitSource | None) -> PretrainResult:
     """Ray, the stream, the MLflow run (new or resumed), training and export, for a run this command holds."""
     init_ray(dashboard=True)  # the dashboard serves the State API that Ray Train's cleanup polls
-    stream = build_stream(cfg.data, resolve_tokenizer(cfg.data))
-    pieces = _vocab_size(stream.tokenizer_dir)
+    tokenizer_dir = resolve_tokenizer(cfg.data)
+    scheme = load_scheme(tokenizer_dir)
+    stream = build_stream(cfg.data, tokenizer_dir, scheme)
+    pieces = scheme.vocab_size
     if pieces != cfg.data.vocab_size:  # SentencePiece trains exactly data.vocab_size, or fails
         raise RuntimeError(f"the tokenizer {stream.tokenizer_dir} has {pieces} pieces, not the "
                            f"{cfg.data.vocab_size} this run was checked with")
@@ -183,8 +186,19 @@ def check_corpus(cfg: PretrainConfig) -> None:
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:
+    return load_scheme(tokenizer_dir).vocab_size
 
-    return load_tokenizer(tokenizer_dir).get_vocab_size()
+
+def check_pad(cfg: PretrainConfig) -> None:
+    """The model's [PAD] (what an encoder given no attention mask leaves out, and what its export records) is
+    the tokenizer's: a run with the authors' tokenizer (their [PAD] is 1) takes their checkpoint's shape, or
+    sets model.pad_token_id itself."""
+    if not cfg.data.tokenizer_dir:
+        return  # the cached platform tokenizer, trained with [PAD]=0
+    pad = load_scheme(cfg.data.tokenizer_dir).pad_id
+    if cfg.model.pad_token_id != pad:
+        raise UserError(f"model.pad_token_id={cfg.model.pad_token_id} but the tokenizer {cfg.data.tokenizer_dir} "
+                        f"numbers [PAD] {pad}: --set model.pad_token_id={pad}")
 
 
 def _log_config(client: MlflowClient, run_id: str, cfg: PretrainConfig) -> None:
@@ -207,7 +221,7 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
     marker = str(Path(storage) / run_name / "injected_failure") if fail_at_step else ""
     ctx = LoopContext(run_id, tracking_uri, str(stream.tokenizer_dir), fail_at_step, marker,
                       f"{storage.rstrip('/')}/{run_name}", ray.put(init.weights()) if init else None,
-                      storage_error_step=plan.storage_error_step)
+                      special=stream.special, storage_error_step=plan.storage_error_step)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "ctx": ctx},
@@ -248,7 +262,8 @@ def _finish(client: MlflowClient, run_id: str, cfg: PretrainConfig, stream: Stre
         model, _ = checkpoint.load_pretrained(Path(directory))
         export_encoder(model.main, Path(tmp) / "encoder", tokenizer_dir=stream.tokenizer_dir, lm_head=model.lm_head)
         client.log_artifacts(run_id, str(Path(tmp) / "encoder"), "encoder")
-    client.log_artifacts(run_id, str(stream.tokenizer_dir), "tokenizer")
+    for file in tokenizer_files(stream.tokenizer_dir):
+        client.log_artifact(run_id, str(file), "tokenizer")
     client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_path)
 
 
@@ -262,19 +277,17 @@ SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(EncoderShape)
 
 @dataclass(frozen=True)
 class InitSource:
-    """What `--init-from` names, resolved on the driver: the encoder, and the auxiliary where the source
-    is a pretraining checkpoint that kept one (with the rule it was built by)."""
+    """What `--init-from` names, resolved on the driver: the encoder, with the auxiliary where the source
+    is a pretraining checkpoint that kept one (`PretrainedEncoder.aux_state`, and the rule it was built by)."""
 
     source: str  # as the run's config records it: as given, a run id for `last`
     encoder: PretrainedEncoder
-    aux: dict[str, torch.Tensor] | None = None
-    aux_shape: dict[str, Any] = field(default_factory=dict)  # aux_layers, aux_width_divisor of that auxiliary
 
     def shape(self) -> dict[str, Any]:
-        return {**{name: getattr(self.encoder.cfg, name) for name in SHAPE_FIELDS}, **self.aux_shape}
+        return {**{name: getattr(self.encoder.cfg, name) for name in SHAPE_FIELDS}, **(self.encoder.aux_shape or {})}
 
     def weights(self) -> InitWeights:
-        return InitWeights(self.encoder.state, self.aux)
+        return InitWeights(self.encoder.state, self.encoder.aux_state)
 
 
 def resolve_init(source: str, tracking_uri: str | None) -> InitSource:
@@ -291,53 +304,29 @@ def resolve_init(source: str, tracking_uri: str | None) -> InitSource:
         encoder = resolve_encoder(source, tracking_uri, workdir)
     except UserError as error:  # the resolver's lines name fine-tuning's flag
         raise UserError(str(error).replace("--from ", "--init-from ")) from None
-    return InitSource(source, encoder, **_auxiliary(encoder))
-
-
-def _auxiliary(encoder: PretrainedEncoder) -> dict[str, Any]:
-    """A pretraining checkpoint's auxiliary and its rule (InitSource's fields); nothing for other sources."""
-    directory = Path(encoder.source)
-    if not (directory / "model.pt").is_file():
-        return {}
-    model, cfg = checkpoint.load_pretrained(directory)
-    if model.aux is None or cfg.objective.freeze_aux:  # a frozen auxiliary has embeddings of its own
-        return {}
-    return {"aux": model.aux.state_dict(),
-            "aux_shape": {"aux_layers": cfg.model.aux_layers, "aux_width_divisor": cfg.model.aux_width_divisor}}
+    return InitSource(source, encoder)
 
 
 def init_config(preset: str, variant: str, overrides: list[str], init: InitSource) -> PretrainConfig:
-    """The config of a run started from `init`: the preset, variant and overrides, with the checkpoint's
-    shape in place of the preset's size (a key set otherwise is one line naming both values) and its
-    tokenizer in place of the corpus's (another --tokenizer is refused)."""
-    tokenizer = init.encoder.tokenizer_dir
+    """The config of a run started from `init`, and the one place it is checked: the preset, variant and
+    overrides, with the checkpoint's shape in place of the preset's size (a key set otherwise is one line
+    naming both values) and its tokenizer in place of the corpus's (another --tokenizer is refused), which
+    has as many pieces as its embeddings have rows; blocks no longer than its positions."""
+    tokenizer, source = init.encoder.tokenizer_dir, redact(init.source)
     given = parse_overrides(overrides)["data"].get("tokenizer_dir")
     if given and Path(given).resolve() != tokenizer.resolve():
-        raise UserError(f"--tokenizer {given} conflicts with --init-from {redact(init.source)}: the run encodes "
+        raise UserError(f"--tokenizer {given} conflicts with --init-from {source}: the run encodes "
                         f"with the checkpoint's own tokenizer ({tokenizer}); leave --tokenizer out")
-    own = [f"data.tokenizer_dir={json.dumps(str(tokenizer))}", f"data.vocab_size={init.encoder.cfg.vocab_size}"]
-    return resolve(preset, variant, [*overrides, *own], init.source, init.shape())
-
-
-def check_init(cfg: PretrainConfig, init: InitSource) -> None:
-    """A run from a checkpoint is one the stream can feed and the weights fit: a platform tokenizer, the
-    checkpoint's own, as many pieces as its embeddings have rows, and the checkpoint's shape (a config
-    resolved without `init_config` is named here)."""
-    tokenizer, source = init.encoder.tokenizer_dir, redact(init.source)
-    if scheme_of(tokenizer) == "official":
-        raise UserError(
-            f"--init-from {source}: continued pretraining does not take the authors' tokenizer yet ({tokenizer} "
-            f"holds sp.model + dict.txt): the pretraining stream encodes with a platform tokenizer.json, and packs "
-            f"and corrupts with its special ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), which the authors' "
-            f"dictionary numbers otherwise ([CLS]=0 [PAD]=1 [SEP]=2 [UNK]=3, [MASK] last)")
-    on_shape({key: getattr(cfg.model, key) for key in init.shape()}, init.shape(), init.source)
-    if Path(cfg.data.tokenizer_dir or ".").resolve() != tokenizer.resolve():
-        raise UserError(f"data.tokenizer_dir={cfg.data.tokenizer_dir or '(none)'} conflicts with --init-from "
-                        f"{source}: the run encodes with the checkpoint's own tokenizer ({tokenizer})")
     pieces, rows = _vocab_size(tokenizer), init.encoder.cfg.vocab_size
     if pieces != rows:
         raise UserError(f"--init-from {source}: its tokenizer {tokenizer} has {pieces} pieces and its encoder's "
                         f"embeddings {rows} rows: an encoder directory holds the tokenizer it was trained with")
+    own = [f"data.tokenizer_dir={json.dumps(str(tokenizer))}", f"data.vocab_size={rows}"]
+    cfg = resolve(preset, variant, [*overrides, *own], init.source, init.shape())
+    if cfg.data.seq_len > cfg.model.max_positions:  # a preset's blocks against the checkpoint's positions
+        raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than --init-from {source}'s "
+                        f"model.max_positions={cfg.model.max_positions}: --set data.seq_len={cfg.model.max_positions}")
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -366,14 +355,15 @@ class PretrainOptions:
         metavar="SOURCE"))
 
     def config(self, init: InitSource | None = None) -> PretrainConfig:
-        """The resolved config (`init`: `--init-from` resolved already). The convenience flags are `--set`
-        overrides under another name: one way to set each key."""
+        """The resolved config; `init`: `--init-from` as `main` resolved it (`resolve_init`), given with it.
+        The convenience flags are `--set` overrides under another name: one way to set each key."""
+        if bool(self.init_from) != (init is not None):
+            raise ValueError("--init-from is resolved once, by main (resolve_init): pass its InitSource with it")
         flags = {"data.paths": self.corpus, "data.tokenizer_dir": self.tokenizer, "cluster.workers": self.workers,
                  "cluster.gpus_per_worker": self.gpus_per_worker}
         shorthands = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
         overrides = shorthands + list(self.overrides)
-        if self.init_from:
-            init = init or resolve_init(self.init_from, self.tracking_uri)
+        if init is not None:
             return init_config(self.preset, self.variant, overrides, init)
         return resolve(self.preset, self.variant, overrides)
 

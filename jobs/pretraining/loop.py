@@ -26,6 +26,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from model import PretrainingObjective, build_pretraining_model
+from model.corruption import SpecialTokens
 from model.encoder import attention_fallbacks, attention_ran, compile_encoders
 from model.objective import to_device
 from model.flops import device_peak_flops, step_flops
@@ -57,6 +58,7 @@ class LoopContext:
     # `--init-from`: a Ray object ref of the `InitWeights` a new run starts from (the object store carries them
     # to workers on any node); None: a fresh initialisation
     init_weights: Any = None
+    special: SpecialTokens = SpecialTokens()  # the tokenizer's ids (`Stream.special`): corruption and objective
     storage_error_step: int = 0  # fault injection (jobs.faults): this step's checkpoint write fails; 0 = never
 
 
@@ -93,10 +95,10 @@ def start_from(model: PretrainingObjective, optimizer: torch.optim.Optimizer,
 
 
 def build_training(
-    cfg: PretrainConfig, device: torch.device = torch.device("cpu")
+    cfg: PretrainConfig, device: torch.device = torch.device("cpu"), special: SpecialTokens = SpecialTokens()
 ) -> tuple[PretrainingObjective, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     check_step_options(cfg)
-    model = build_pretraining_model(cfg.model, cfg.objective)
+    model = build_pretraining_model(cfg.model, cfg.objective, special)
     if cfg.objective.freeze_aux:
         check_aux_checkpoint(cfg)
         checkpoint.load_auxiliary(Path(cfg.train.aux_checkpoint), model.aux)
@@ -289,7 +291,7 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.train.seed + rank)
     device = ray.train.torch.get_device()
 
-    model, optimizer, scheduler = build_training(cfg, device)
+    model, optimizer, scheduler = build_training(cfg, device, ctx.special)
     resumed = ray.train.get_checkpoint()
     state = start_from(model, optimizer, scheduler, resumed, ctx.init_weights, rank)
     if resumed:
@@ -333,7 +335,7 @@ def train_loop_per_worker(config: dict) -> None:
         data_cfg, shard = phase(cfg, state)
         # Resuming mid-epoch: the stream reads past what the checkpoint already consumed.
         batches = pretraining_batches(ray.train.get_dataset_shard(shard), data_cfg, state.epoch, drop_last=True,
-                                      skip=state.batches_in_epoch)
+                                      skip=state.batches_in_epoch, special=ctx.special)
         for batch in batches:
             batch = to_device(batch, device, fixed_rate)  # the step's host-side inputs computed before the copy
             if warmed_up != data_cfg.seq_len:  # attention probed and tuned at the step's shapes, eagerly, rank 0 first
