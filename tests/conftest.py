@@ -91,6 +91,13 @@ def fresh_attention_state():
     BACKENDS.probes.reset()
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A COCOLM_HOME of the test's own (tracking store, checkpoints, caches), empty at the start."""
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray with RAY_TEST_CPUS logical CPUs, shared by every test that needs Ray."""

@@ -26,12 +26,6 @@ from model.export import load_export
 FIXTURE = Path(__file__).parent / "fixtures" / "official-cocolm"
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def packed_by_hand(documents: list[list[int]], seq_len: int, cls: int, sep: int, pad: int) -> list[list[int]]:
     """The platform's packing written out: [SEP] after each document, blocks of seq_len - 1 under a [CLS],
     the last one padded."""

@@ -25,12 +25,6 @@ from model.export import export_encoder
 FIXTURE = Path(__file__).parent / "fixtures" / "official-cocolm"
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def recipe_free(cfg):
     """An encoder config without the recipe's dropout, which a run sets for itself."""
     return dataclasses.replace(cfg, dropout=0.0, attention_dropout=0.0)

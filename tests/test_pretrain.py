@@ -43,12 +43,6 @@ PAPER_SIGNALS = [
 ]
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def tiny_overrides(tokenizer_dir: Path, *extra: str, corpus: Path | None = None) -> list[str]:
     paths = [f"data.paths=[{str(corpus)!r}]"] if corpus else []
     return [f"data.tokenizer_dir={tokenizer_dir}", *paths, "train.warmup_steps=5", "train.log_every=5", *extra]

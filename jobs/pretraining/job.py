@@ -83,10 +83,9 @@ def run(cfg: PretrainConfig, tracking_uri: str | None = None, storage: str | Non
     if cfg.init_from:
         init = init or resolve_init(cfg.init_from, tracking_uri)
     check_inputs(cfg.data, ("platform", "official"))  # before Ray starts
-    check_pad(cfg)
+    cfg = with_tokenizer(cfg)  # the run's name and params hold its vocabulary
     storage = storage or tracking.default_storage()
     tracking.check_storage(storage)
-    cfg = with_vocab_size(cfg, _expected_vocab_size(cfg))  # the run's name and params hold it
     check_storage_room(storage, cfg)
     run_name = name or f"{cfg.preset}-{cfg.variant}-{cfg.digest()}"
     with tracking.holding_run(storage, run_name):
@@ -131,10 +130,19 @@ def _train(cfg: PretrainConfig, client: MlflowClient, experiment_id: str, experi
     return PretrainResult(run_id, run_name, checkpoint_path, tracking_uri, "FINISHED")
 
 
-def _expected_vocab_size(cfg: PretrainConfig) -> int:
-    """The vocabulary the run will have, known before Ray starts: the given tokenizer's, else
-    data.vocab_size, which the cached tokenizer (keyed on it) was trained to exactly."""
-    return _vocab_size(Path(cfg.data.tokenizer_dir)) if cfg.data.tokenizer_dir else cfg.data.vocab_size
+def with_tokenizer(cfg: PretrainConfig) -> PretrainConfig:
+    """The config with the vocabulary the run will have, known before Ray starts: the given tokenizer's
+    (loaded once), else data.vocab_size, which the cached platform tokenizer (keyed on it, [PAD]=0) was
+    trained to exactly. The model's [PAD] (what an encoder given no attention mask leaves out, and what
+    its export records) is the tokenizer's: a run with the authors' tokenizer (their [PAD] is 1) takes
+    their checkpoint's shape, or sets model.pad_token_id itself."""
+    if not cfg.data.tokenizer_dir:
+        return with_vocab_size(cfg, cfg.data.vocab_size)
+    scheme = load_scheme(cfg.data.tokenizer_dir)
+    if cfg.model.pad_token_id != scheme.pad_id:
+        raise UserError(f"model.pad_token_id={cfg.model.pad_token_id} but the tokenizer {cfg.data.tokenizer_dir} "
+                        f"numbers [PAD] {scheme.pad_id}: --set model.pad_token_id={scheme.pad_id}")
+    return with_vocab_size(cfg, scheme.vocab_size)
 
 
 def check_compile_toolchain(cfg: PretrainConfig) -> None:
@@ -187,18 +195,6 @@ def check_corpus(cfg: PretrainConfig) -> None:
 
 def _vocab_size(tokenizer_dir: Path) -> int:
     return load_scheme(tokenizer_dir).vocab_size
-
-
-def check_pad(cfg: PretrainConfig) -> None:
-    """The model's [PAD] (what an encoder given no attention mask leaves out, and what its export records) is
-    the tokenizer's: a run with the authors' tokenizer (their [PAD] is 1) takes their checkpoint's shape, or
-    sets model.pad_token_id itself."""
-    if not cfg.data.tokenizer_dir:
-        return  # the cached platform tokenizer, trained with [PAD]=0
-    pad = load_scheme(cfg.data.tokenizer_dir).pad_id
-    if cfg.model.pad_token_id != pad:
-        raise UserError(f"model.pad_token_id={cfg.model.pad_token_id} but the tokenizer {cfg.data.tokenizer_dir} "
-                        f"numbers [PAD] {pad}: --set model.pad_token_id={pad}")
 
 
 def _log_config(client: MlflowClient, run_id: str, cfg: PretrainConfig) -> None:
