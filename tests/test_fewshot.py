@@ -17,6 +17,7 @@ from model import Encoder
 from model.classifier import load_encoder, load_lm_head
 from model.export import export_encoder
 from model.heads import CLMHead
+from jobs.data.schemes import load_scheme
 from jobs.pretraining.encoders import resolve_encoder
 from jobs.finetuning.prompts import (BUILT_IN, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,
                                      prompt_for, prompt_input, render, sample_demos)
@@ -64,7 +65,7 @@ def test_the_built_in_prompts_are_lm_bffs_and_the_snli_one_renders_real_text(tok
     task = read_snli()
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     split = Split(["A man plays a guitar."], ["A person makes music."], [1], "x")
-    data, notes = encode_prompts(tokenizer, prompt_for(task), task, split)
+    data, notes = encode_prompts(load_scheme(tokenizer_dir), prompt_for(task), task, split)
     ids = render(data, 0, data.special["[MASK]"], 100)
     assert tokenizer.decode(ids, skip_special_tokens=False).replace(" ", "").replace("▁", "") == \
         "amanplaysaguitar?[MASK],apersonmakesmusic."  # "sent-": the premise's final period is dropped

@@ -1,13 +1,13 @@
 """The authors' tokenizer scheme (`jobs.data.official_tokenizer`) against their own output on the 40 cases
-of tests/fixtures/official-cocolm/cases.json; the one loader that tells the schemes apart
-(`jobs.data.schemes`); and `python -m jobs.data.tokens`."""
+of tests/fixtures/official-cocolm/cases.json, and its character offsets (SQuAD's windows need them); the
+one loader that tells the schemes apart (`jobs.data.schemes`); and `python -m jobs.data.tokens`."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from jobs.cli import UserError
-from jobs.data.official_tokenizer import OfficialTokenizer, pre_tokenize
-from jobs.data.schemes import PlatformScheme, load_scheme, platform_tokenizer_for, scheme_of
+from jobs.data.official_tokenizer import OfficialTokenizer, fold, pre_tokenize
+from jobs.data.schemes import PlatformScheme, Scheme, load_scheme, scheme_of
 from jobs.data.tokens.__main__ import main as tokens_main
 from model.fairseq_dictionary import read_dictionary
 
@@ -24,6 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "official-cocolm"
 CASES = json.loads((FIXTURE / "cases.json").read_text(encoding="utf-8"))
 BY_ID = {case["id"]: case for case in CASES["cases"]}
+# Paragraphs as SQuAD has them, with what the pre-tokenizer rewrites: Brown-corpus and curly quotes, dashes,
+# acute accents, contractions (split and whole), runs of spaces, tabs, newlines, leading and trailing space.
+SQUAD_LIKE = {
+    "brown-quotes": "The song ``Yesterday'' was written by Paul McCartney in 1965.",
+    "curly-and-dashes": "  It's one of the most covered;\tthe Beatles' “Help!” album—out in August—held it.\n",
+    "spaced-contraction": "Critics called it ``a masterpiece'' ... and  ‘the best’ –  they ' re sure  ",
+    "capitals-and-unicode": "WE ' LL SEE: Zürich, São Paulo, 東京 and Ελληνικά 🙂 (café) ´quoted´",
+    "nested-quotes": "\n\n\tleading tabs, ``nested 'quotes' here'' and trailing\t \n",
+    "one-letter": "x",
+    "empty": "",
+}
+EVERY_TEXT = {**{case["id"]: case["text"] for case in CASES["cases"]},
+              **{f"{case['id']}-pair": case["text_pair"] for case in CASES["cases"] if "text_pair" in case},
+              **SQUAD_LIKE}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +103,55 @@ def test_the_pre_tokenizer_splits_punctuation_off_word_edges_and_rejoins_contrac
     assert pre_tokenize("!!! ... ?") == ["!!!", "...", "?"]
 
 
+# ---------------------------------------------------------------- character offsets (SQuAD's windows)
+
+
+def read_back(text: str, start: int, end: int) -> str:
+    """What SentencePiece read of text[start:end]: the pre-tokenizer's folds, its normalizer's NFKC, no spaces."""
+    return unicodedata.normalize("NFKC", "".join(fold(text[start:end]).split()))
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_TEXT))
+def test_ids_with_offsets_are_the_ids_and_each_piece_covers_the_characters_it_came_from(official, name):
+    text = EVERY_TEXT[name]
+    ids, offsets = official.ids_and_offsets(text)
+    assert ids == official.ids(text) and len(offsets) == len(ids)
+    carried, covered = "", 0
+    for piece, (start, end) in zip(official.tokenize(text), offsets):
+        assert covered <= start <= end <= len(text)  # in order, never overlapping
+        covered = end
+        read = read_back(text, start, end)
+        if not read:  # NFKC made one character several pieces (ﬁ -> f, in): the last piece covers it
+            carried += piece.lstrip("▁")
+            continue
+        assert read == carried + piece.lstrip("▁"), (piece, text[start:end])
+        carried = ""
+        word = start + text[start].isspace()  # a word's first piece covers the one space before it, if any
+        before = text[:word]
+        assert not text[word].isspace()
+        assert (word > start) == (piece[0] == "▁" and before[-1:].isspace() and before.strip() != "")
+
+
+def test_offsets_of_a_piece_are_the_platforms_a_leading_space_and_brown_quotes_whole(official):
+    """By hand: "``" and "''" are one `"` piece over both characters, the pieces after them still land on
+    their own characters, and "▁f" of "flows" covers the space before it as the platform's "▁rhine" does."""
+    text = "The ``Rhine'' flows."
+    assert official.tokenize(text) == ["▁The", '▁"', "▁R", "h", "in", "e", '▁"', "▁f", "l", "ow", "s", "▁."]
+    assert official.ids_and_offsets(text)[1] == [(0, 3), (3, 6), (6, 7), (7, 8), (8, 10), (10, 11), (11, 13),
+                                                  (13, 15), (15, 16), (16, 18), (18, 19), (19, 20)]
+
+
+def test_both_schemes_give_ids_with_offsets_and_tokens_through_one_interface(official, platform_dir):
+    platform = load_scheme(platform_dir)
+    assert isinstance(platform, Scheme) and isinstance(official, Scheme)
+    assert platform.batch_ids_and_offsets(["a  c", "b"]) == [([5, 7], [(0, 1), (3, 4)]), ([6], [(0, 1)])]
+    hello = [(0, 1), (1, 4), (4, 5), (5, 7), (7, 9), (9, 11), (11, 12)]  # ▁H ell o ▁w or ld !
+    assert official.batch_ids_and_offsets(["Hello world!"]) == [(BY_ID["t00"]["ids_no_special"], hello)]
+    assert [platform.token(i) for i in (2, 5)] == ["[CLS]", "a"]
+    assert [official.token(i) for i in (official.cls_id, official.mask_id)] == ["[CLS]", "[MASK]"]
+    assert [official.token(i) for i in BY_ID["t00"]["ids_no_special"]] == BY_ID["t00"]["tokens"]
+
+
 def test_the_dictionary_reader_follows_fairseq(tmp_path):
     """Aliases of the specials keep their ids, a repeat keeps its first id, an overwrite line takes a
     new one (the old stays taken), a line without a count is a symbol, [MASK] comes last."""
@@ -124,6 +187,7 @@ def test_the_platform_scheme_lays_out_pairs_and_cuts_the_first_text_on_a_tie(pla
     scheme = load_scheme(platform_dir)
     assert scheme.encode("a b", "c") == [2, 5, 6, 3, 3, 7, 3]
     assert scheme.encode("a b c", "c b a", max_length=8) == [2, 5, 6, 3, 3, 7, 6, 3]  # 3 + 3 > 4: a, b, a
+    assert scheme.encode("a b c", "c b a", max_length=9) == [2, 5, 6, 3, 3, 7, 6, 5, 3]  # 3 + 3 > 5: a only
     assert scheme.encode("a b c", max_length=4) == [2, 5, 6, 3]
 
 
@@ -174,12 +238,3 @@ def test_a_pair_task_encodes_with_the_authors_ids_and_their_tie_rule(tmp_path, o
     short = encode_task(task, FIXTURE, max_length=8)
     assert short.train.lengths().max() <= 8 and short.truncated["train"] == len(task.train)
     assert official.layout([10, 11], [20, 21], 7)[0] == [0, 10, 11, 2, 2, 20, 2]  # a tie: the second text is cut
-
-
-@pytest.mark.parametrize("purpose", ["few-shot fine-tuning", "the [CLS] readouts (cosines, probes)"])
-def test_a_path_that_takes_only_the_platform_tokenizer_says_so_for_the_authors(purpose):
-    """Few-shot and the readouts encode with the platform's tokenizer alone: an authors' directory is one
-    line naming the path, not a missing tokenizer.json."""
-    with pytest.raises(UserError, match="^" + re.escape(f"{purpose} does not take the authors' tokenizer yet")):
-        platform_tokenizer_for(FIXTURE, purpose)
-

@@ -1,6 +1,7 @@
 """SQuAD 2.0: the reader on fixture files in the official format, windows and answer positions, the
 answer search from logits (against hand computations), the start/end head and its loss, one trial
-scored as the official metric scores it, and a sweep end to end on Ray Tune with MLflow."""
+scored as the official metric scores it, and sweeps end to end on Ray Tune with MLflow (of a platform
+encoder, and of the authors' checkpoint with their tokenizer: tests/test_official_paths.py has its windows)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mlflow.tracking import MlflowClient
 
 from model import Encoder
 from model.classifier import SpanExtractor
@@ -285,3 +287,26 @@ def test_a_squad_sweep_runs_two_learning_rates_by_five_seeds_and_tracks_them(ray
     child = children[0]
     assert child.data.params["task"] == "squad_v2" and child.data.params["max_length"] == "64"
     assert {"best.dev.f1", "best.dev.exact", "best.dev.no_ans_f1", "dev.f1"} <= set(child.data.metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_squad_sweep_of_the_authors_checkpoint_encodes_with_their_tokenizer(ray_local, tmp_path, monkeypatch):
+    """Their folder (tests/fixtures/official-cocolm) converted by the sweep: one short trial, windows of
+    their ids (as many as `encode_task` makes with their scheme), scored officially."""
+    authors = Path(__file__).parent / "fixtures" / "official-cocolm"
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    grid = tmp_path / "squad.yaml"
+    grid.write_text("spaces:\n  s: {epochs: [1], lr: [1.0e-3], batch_size: [32], warmup: [0.1],\n"
+                    "      max_length: 64, doc_stride: 16, max_question_length: 16}\ntasks: {squad_v2: s}\n")
+    result = run(SweepOptions(source=str(authors), tasks="squad_v2", data_dir=str(FIXTURE), grid=str(grid),
+                              seeds=(0,), tracking_uri=tracking_uri, storage=str(tmp_path / "ray")))
+    assert result.tables.summary["complete"].all()
+    client = MlflowClient(tracking_uri)
+    windows = len(encode_task(read_squad_v2(FIXTURE), authors, **WINDOWS).train)
+    notes = Path(client.download_artifacts(result.run_id, "data_notes.txt", str(tmp_path))).read_text()
+    assert f"train 24 questions in {windows} windows" in notes
+    child, = client.search_runs([client.get_run(result.run_id).info.experiment_id],
+                                filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'")
+    assert child.info.status == "FINISHED" and 0 <= child.data.metrics["best.dev.f1"] <= 1

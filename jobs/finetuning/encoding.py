@@ -10,12 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 
-from jobs.cli import UserError
-from jobs.data.official_tokenizer import OfficialTokenizer
-from jobs.data.schemes import scheme_of
-from jobs.data.tokens import load_tokenizer
+from jobs.data.schemes import Scheme, load_scheme
 
 from jobs.finetuning.tasks.specs import TaskSpec
 from jobs.finetuning.tasks.squad import Questions
@@ -55,81 +51,36 @@ def encode_task(task: Task, tokenizer_dir: str | Path, max_length: int, doc_stri
                 max_question_length: int = 64) -> EncodedTask:
     """`[CLS] A [SEP]` or `[CLS] A [SEP] [SEP] B [SEP]`, longest side cut first to max_length
     (docs/method.md section 7.1); a span task's questions in windows (`doc_stride`, `max_question_length`).
-    With the authors' tokenizer scheme (`jobs.data.schemes`), as their code encodes (`encode_official`)."""
-    if scheme_of(tokenizer_dir) == "official":
-        return encode_official(task, OfficialTokenizer(tokenizer_dir), max_length)
-    tokenizer = load_tokenizer(tokenizer_dir)
-    special = special_ids(tokenizer, tokenizer_dir)
+    With the tokenizer scheme `tokenizer_dir` holds (`jobs.data.schemes`): the authors' is encoded as
+    their code encodes, ties and all."""
+    scheme = load_scheme(tokenizer_dir)
     dtype = np.int64 if task.spec.kind == "classification" else np.float32
     splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
     if task.spec.kind == "span":
-        encoded = {name: encode_windows(tokenizer, special, split, max_length, doc_stride, max_question_length)
+        encoded = {name: encode_windows(scheme, split, max_length, doc_stride, max_question_length)
                    for name, split in splits.items()}
     else:
-        encoded = {name: encode_split(tokenizer, special, split, max_length, dtype) for name, split in splits.items()}
+        encoded = {name: encode_split(scheme, split, max_length, dtype) for name, split in splits.items()}
     return EncodedTask(
         task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
-        encoded["test"][0] if task.test is not None else None, special["[PAD]"], max_length,
+        encoded["test"][0] if task.test is not None else None, scheme.pad_id, max_length,
         {name: cut for name, (_, cut) in encoded.items()},
     )
 
 
-def encode_official(task: Task, tokenizer: OfficialTokenizer, max_length: int) -> EncodedTask:
-    """A sentence(-pair) task with the authors' tokenizer: their pieces, ids and pair cut (ties cut the
-    second text, not the first as `encode_split`). Span tasks need character offsets this scheme does not
-    keep: refused, naming the task."""
-    if task.spec.kind == "span":
-        raise UserError(f"{task.spec.display}: a span task with the authors' tokenizer (sp.model + dict.txt) "
-                        f"is not supported yet; sentence(-pair) tasks are")
-    dtype = np.int64 if task.spec.kind == "classification" else np.float32
-    splits = {"train": task.train, **task.dev, **({"test": task.test} if task.test is not None else {})}
-    encoded = {}
-    for name, split in splits.items():
-        pairs = split.text_pair if split.text_pair is not None else [None] * len(split.text)
-        laid = [tokenizer.layout(tokenizer.ids(a), None if b is None else tokenizer.ids(b), max_length)
-                for a, b in zip(split.text, pairs)]
-        encoded[name] = (ragged([ids for ids, _ in laid], np.asarray(split.labels, dtype=dtype)),
-                         sum(cut for _, cut in laid))
-    return EncodedTask(
-        task.spec, encoded["train"][0], {k: encoded[k][0] for k in task.dev},
-        encoded["test"][0] if task.test is not None else None, tokenizer.pad_id, max_length,
-        {name: cut for name, (_, cut) in encoded.items()},
-    )
+def encode_split(scheme: Scheme, split: Split, max_length: int, label_dtype: type = np.int64
+                 ) -> tuple[EncodedSplit, int]:
+    """One split in the fine-tuning format (`Scheme.layout`), and how many of its sequences were cut."""
+    first = scheme.batch_ids(split.text)
+    second = scheme.batch_ids(split.text_pair) if split.text_pair is not None else [None] * len(first)
+    laid = [scheme.layout(a, b, max_length) for a, b in zip(first, second)]
+    return ragged([ids for ids, _ in laid], np.asarray(split.labels, dtype=label_dtype)), sum(cut for _, cut in laid)
 
 
-def special_ids(tokenizer: Tokenizer, tokenizer_dir: str | Path) -> dict[str, int]:
-    special = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]")}
-    if None in special.values():
-        raise UserError(f"{tokenizer_dir}: the tokenizer lacks {[t for t, i in special.items() if i is None]}")
-    return special
-
-
-def encode_split(tokenizer: Tokenizer, special: dict[str, int], split: Split, max_length: int,
-                 label_dtype: type = np.int64) -> tuple[EncodedSplit, int]:
-    """One split in the fine-tuning format, and how many of its sequences were cut."""
-    first = [e.ids for e in tokenizer.encode_batch(split.text, add_special_tokens=False)]
-    second = [e.ids for e in tokenizer.encode_batch(split.text_pair, add_special_tokens=False)] \
-        if split.text_pair is not None else None
-    cls, sep = special["[CLS]"], special["[SEP]"]
-    sequences, cut = [], 0
-    for i, a in enumerate(first):
-        if second is None:
-            body = max_length - 2
-            cut += len(a) > body
-            sequences.append([cls, *a[:body], sep])
-        else:
-            b, budget = second[i], max_length - 4
-            cut += len(a) + len(b) > budget
-            a, b = _truncate_pair(a, b, budget)
-            sequences.append([cls, *a, sep, sep, *b, sep])
-    return ragged(sequences, np.asarray(split.labels, dtype=label_dtype)), cut
-
-
-def encode_windows(tokenizer: Tokenizer, special: dict[str, int], questions: Questions, max_length: int,
-                   doc_stride: int, max_question_length: int) -> tuple[EncodedSplit, int]:
+def encode_windows(scheme: Scheme, questions: Questions, max_length: int, doc_stride: int,
+                   max_question_length: int) -> tuple[EncodedSplit, int]:
     """A span task's split: one example per window, and how many questions were cut."""
-    sequences, labels, spans, cut = encode_questions(tokenizer, special, questions, max_length, doc_stride,
-                                                     max_question_length)
+    sequences, labels, spans, cut = encode_questions(scheme, questions, max_length, doc_stride, max_question_length)
     return ragged(sequences, labels, spans), cut
 
 
@@ -137,14 +88,6 @@ def ragged(sequences: list[list[int]], labels: np.ndarray, spans: SpanIndex | No
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)
     tokens = np.fromiter((t for s in sequences for t in s), dtype=np.int32, count=int(lengths.sum()))
     return EncodedSplit(tokens, np.concatenate([[0], np.cumsum(lengths)]), labels, spans)
-
-
-def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
-    """Longest first: drop tokens from the end of whichever side is longer until both fit."""
-    a, b = list(a), list(b)
-    while len(a) + len(b) > budget:
-        (a if len(a) >= len(b) else b).pop()
-    return a, b
 
 
 def batches(split: EncodedSplit, order: np.ndarray, batch_size: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

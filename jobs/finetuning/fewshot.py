@@ -43,10 +43,10 @@ from model.step import AdamW
 
 from jobs import tracking
 from jobs.cli import AT_LEAST_ONE, POSITIVE, Range, UserError, option, parse_options, run_main
-from jobs.data.schemes import platform_tokenizer_for
+from jobs.data.schemes import Scheme, load_scheme
 from jobs.env import set_hermetic_env
 from jobs.pretraining.encoders import PretrainedEncoder, resolve_encoder
-from jobs.finetuning.encoding import EncodedSplit, batches, encode_split, special_ids
+from jobs.finetuning.encoding import EncodedSplit, batches, encode_split
 from jobs.finetuning.engine import Batch, Schedule, bf16_autocast, pick_device, train
 from jobs.finetuning.prompts import (SPLIT_SEEDS, Prompt, PromptClassifier, PromptData, encode_prompts, few_shot_split,
                                      prompt_for, prompt_input, sample_demos)
@@ -119,27 +119,26 @@ def test_split(task: Task) -> Split:
     return task.test if task.test is not None else task.dev[task.spec.dev_splits[0]]
 
 
-def forms(tokenizer, task: Task, splits: dict[str, Split], max_length: int, prompt: Prompt | None):
+def forms(scheme: Scheme, task: Task, splits: dict[str, Split], max_length: int, prompt: Prompt | None):
     """Each split in both methods' forms: the [CLS] format, and prompt data when prompts apply (with the
-    notes on label words)."""
-    special = special_ids(tokenizer, "the encoder's tokenizer")
-    head = {name: encode_split(tokenizer, special, split, max_length)[0] for name, split in splits.items()}
+    notes on label words), in the encoder's tokenizer scheme (the authors' too)."""
+    head = {name: encode_split(scheme, split, max_length)[0] for name, split in splits.items()}
     if prompt is None:
         return head, None, ()
-    encoded = {name: encode_prompts(tokenizer, prompt, task, split) for name, split in splits.items()}
+    encoded = {name: encode_prompts(scheme, prompt, task, split) for name, split in splits.items()}
     return head, {name: data for name, (data, _) in encoded.items()}, tuple(next(iter(encoded.values()))[1])
 
 
-def split_data(task: Task, seed: int, shots: int, tokenizer, max_length: int, prompt: Prompt | None,
+def split_data(task: Task, seed: int, shots: int, scheme: Scheme, max_length: int, prompt: Prompt | None,
                test: tuple) -> SplitData:
     """One data seed's k-shot train and dev sets, with `test` (`forms` of the test split, encoded once per
     task since every split shares it)."""
     train, dev = few_shot_split(task, shots, seed)
-    head, prompts, notes = forms(tokenizer, task, {"train": task.train.take(train), "dev": task.train.take(dev)},
+    head, prompts, notes = forms(scheme, task, {"train": task.train.take(train), "dev": task.train.take(dev)},
                                  max_length, prompt)
     test_head, test_prompts, _ = test
     return SplitData(task.spec.name, seed, None if prompts is None else {**prompts, **test_prompts},
-                     {**head, **test_head}, tokenizer.token_to_id("[PAD]"), len(task.spec.labels), notes)
+                     {**head, **test_head}, scheme.pad_id, len(task.spec.labels), notes)
 
 
 # ----------------------------------------------------------------------------- one trial (plain PyTorch)
@@ -274,11 +273,11 @@ def run(opts: FewShotOptions) -> FewShotResult:
         not_applicable = "" if encoder.lm_head_state is not None else (
             f"not applicable: the pretraining variant ({encoder.variant or 'unknown'}) trains no language-model head")
         methods = [m for m in opts.methods if m == "head" or not not_applicable]
-        tokenizer = platform_tokenizer_for(encoder.tokenizer_dir, "few-shot fine-tuning")
+        scheme = load_scheme(encoder.tokenizer_dir)
         prompts = {t.spec.name: prompt_for(t, opts.tasks) if "prompt" in methods else None for t in tasks}
-        tests = {t.spec.name: forms(tokenizer, t, {"test": test_split(t)}, opts.max_length, prompts[t.spec.name])
+        tests = {t.spec.name: forms(scheme, t, {"test": test_split(t)}, opts.max_length, prompts[t.spec.name])
                  for t in tasks}
-        data = {f"{t.spec.name}/{s}": split_data(t, s, opts.shots, tokenizer, opts.max_length, prompts[t.spec.name],
+        data = {f"{t.spec.name}/{s}": split_data(t, s, opts.shots, scheme, opts.max_length, prompts[t.spec.name],
                                                  tests[t.spec.name])
                 for t in tasks for s in seeds}
     configs = [{"task": t.spec.name, "method": m, "lr": lr, "split": s}

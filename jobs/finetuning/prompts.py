@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 from torch import nn
 
 from jobs.cli import UserError
+from jobs.data.tokens import Scheme
 from jobs.finetuning.tasks.task import Split, Task
 
 MASK = "[MASK]"
@@ -122,11 +122,10 @@ class PromptData:
     special: dict[str, int]  # [CLS], [SEP], [MASK], [PAD]
 
 
-def encode_prompts(tokenizer: Tokenizer, prompt: Prompt, task: Task, split: Split) -> tuple[PromptData, list[str]]:
-    """A split's prompt data, and notes (label words that are several tokens are scored by their first)."""
-    special = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", MASK, "[PAD]")}
-    if None in special.values():
-        raise UserError(f"the tokenizer lacks {[t for t, i in special.items() if i is None]}")
+def encode_prompts(scheme: Scheme, prompt: Prompt, task: Task, split: Split) -> tuple[PromptData, list[str]]:
+    """A split's prompt data, and notes (label words that are several tokens are scored by their first),
+    with the scheme's ids: the authors' tokenizer gives their pieces, [MASK] and specials."""
+    special = {"[CLS]": scheme.cls_id, "[SEP]": scheme.sep_id, MASK: scheme.mask_id, "[PAD]": scheme.pad_id}
     pieces: list[str | list[int]] = []
     for part in re.split(r"({text}|{text_pair}|\[MASK\])", prompt.template):
         if part in ("{text}", "{text_pair}"):
@@ -134,14 +133,14 @@ def encode_prompts(tokenizer: Tokenizer, prompt: Prompt, task: Task, split: Spli
         elif part == MASK:
             pieces.append(MASK)
         elif part.strip():
-            pieces.append(tokenizer.encode(part.strip(), add_special_tokens=False).ids)
+            pieces.append(scheme.ids(part.strip()))
     notes, label_ids = [], []
     for label in task.spec.labels:
         word = prompt.label_words[label]
-        ids = tokenizer.encode(word, add_special_tokens=False).ids
+        ids = scheme.ids(word)
         if len(ids) > 1:
             notes.append(f"label word {word!r} is {len(ids)} tokens here; scored by its first "
-                         f"({tokenizer.id_to_token(ids[0])!r})")
+                         f"({scheme.token(ids[0])!r})")
         label_ids.append(ids[0])
     if len(set(label_ids)) < len(label_ids):
         raise UserError(f"label words {prompt.label_words} share a first token in this tokenizer: pick others")
@@ -150,8 +149,7 @@ def encode_prompts(tokenizer: Tokenizer, prompt: Prompt, task: Task, split: Spli
     if any(texts[f] is None for f in used):
         raise UserError(f"template {prompt.template!r} uses {used} but the task has no text_pair")
     strip = {f: prompt.asks and f == "text" for f in used}
-    columns = [[e.ids for e in tokenizer.encode_batch([t.rstrip().rstrip(".?!") if strip[f] else t for t in texts[f]],
-                                                      add_special_tokens=False)] for f in used]
+    columns = [scheme.batch_ids([t.rstrip().rstrip(".?!") if strip[f] else t for t in texts[f]]) for f in used]
     return PromptData(list(zip(*columns)), np.asarray(split.labels, dtype=np.int64), pieces, label_ids, special), notes
 
 

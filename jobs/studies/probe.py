@@ -5,7 +5,8 @@
 
 For each pretraining run: its exported encoder (artifact `encoder/`, with the tokenizer) encodes SNLI
 pairs in the fine-tuning format (`[CLS] premise [SEP] [SEP] hypothesis [SEP]`, cut to `--max-length`)
-and is never trained. Two feature vectors per pair, from the last layer: the [CLS] vector and the mean
+through its tokenizer's scheme (`jobs.data.schemes`: an encoder converted from the authors' checkpoint
+reads their ids) and is never trained. Two feature vectors per pair, from the last layer: the [CLS] vector and the mean
 over the pair's tokens. On each, a multinomial logistic regression (scikit-learn, features standardized
 on train) is fitted on `--train-pairs` pairs of SNLI train (a fixed-seed subset, the same for every
 run), its L2 strength chosen from `C_GRID` on `DEV_PAIRS` pairs of the dev split that `read_snli` holds

@@ -37,9 +37,9 @@ from model.classifier import load_encoder
 from jobs import tracking
 from jobs.cli import AT_LEAST_ONE, Range, UserError, comma_list, option, parse_options, run_main
 from jobs.data.corpus import parse_file, shipped_corpus
-from jobs.data.schemes import platform_tokenizer_for
+from jobs.data.schemes import load_scheme
 from jobs.env import set_hermetic_env
-from jobs.finetuning.encoding import batches, encode_split, special_ids
+from jobs.finetuning.encoding import batches, encode_split
 from jobs.finetuning.tasks.snli import read_snli
 from jobs.finetuning.tasks.specs import SNLI
 from jobs.finetuning.tasks.task import Split
@@ -78,12 +78,13 @@ def draw_pairs(count: int, documents: list[str] | None = None, seed: int = SEED)
 
 def cls_vectors(encoder: Encoder, tokenizer_dir: Path, texts: list[str], max_length: int,
                 batch_size: int = 64) -> torch.Tensor:
-    """The last layer's [CLS] vector of each text encoded alone: (N, H) float tensor."""
+    """The last layer's [CLS] vector of each text encoded alone: (N, H) float tensor, in the tokenizer
+    scheme `tokenizer_dir` holds (an encoder converted from the authors' checkpoint reads their ids)."""
     # The fine-tuning format and batching ([CLS] text [SEP], cut to max_length): one way to tokenize and pad.
-    tokenizer = platform_tokenizer_for(tokenizer_dir, "the [CLS] readouts (cosines, probes)")
+    scheme = load_scheme(tokenizer_dir)
     unlabelled = Split(list(texts), None, [0] * len(texts), "represent")
-    split, _ = encode_split(tokenizer, special_ids(tokenizer, tokenizer_dir), unlabelled, max_length)
-    pad = encoder.cfg.pad_token_id
+    split, _ = encode_split(scheme, unlabelled, max_length)
+    pad = scheme.pad_id
     encoder.eval()
     with torch.no_grad():
         vectors = [encoder(ids, ids != pad)[:, 0]  # (B, H)

@@ -1,5 +1,6 @@
-"""A trained tokenizer, loaded for encoding: the one loader the stream and the fine-tuning tasks share; the
-platform's tokenizer scheme, and which scheme a directory holds (`jobs.data.schemes` loads either).
+"""A trained tokenizer, loaded for encoding: the one loader the stream and the fine-tuning tasks share; what
+every tokenizer scheme gives the paths that encode (`Scheme`), the platform's scheme, and which scheme a
+directory holds (`jobs.data.schemes` loads either).
 
 Only `tokenizers`: no Ray, MLflow, transformers or sentencepiece, so a fine-tuning trial and every Ray Data
 worker of the pretraining stream stay light (the authors' scheme, `jobs.data.official_tokenizer`, loads
@@ -44,11 +45,67 @@ def tokenizer_from_json(spec: str) -> Tokenizer:
     return tokenizer
 
 
-class PlatformScheme:
+class Scheme:
+    """What every path that encodes text asks of a tokenizer scheme, the platform's (`PlatformScheme`) or the
+    authors' (`jobs.data.official_tokenizer.OfficialTokenizer`): the special ids, a text's ids (with each
+    token's characters for SQuAD), a token's string, and the model's layout of a text or a pair."""
+
+    name: str
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    unk_id: int
+    mask_id: int
+    vocab_size: int
+    special_tokens: SpecialTokens
+    # Cutting a pair to length when both texts are as long: True drops the first text's last token (the
+    # platform's rule), False the second's (the authors' code).
+    tie_cuts_first: bool
+
+    def ids(self, text: str) -> list[int]:
+        """The text's ids without special tokens and without truncation."""
+        raise NotImplementedError
+
+    def batch_ids(self, texts: list[str]) -> list[list[int]]:
+        """`ids` of each text."""
+        return [self.ids(text) for text in texts]
+
+    def ids_and_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`ids(text)`, and the [start, end) characters of `text` each token came from. A token that begins
+        a word covers the one whitespace character before the word, when there is one (never before the
+        text's first word); SQuAD's windows find an answer's tokens by overlap, so that space is harmless."""
+        raise NotImplementedError
+
+    def batch_ids_and_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """`ids_and_offsets` of each text (SQuAD's paragraphs)."""
+        return [self.ids_and_offsets(text) for text in texts]
+
+    def token(self, token_id: int) -> str:
+        """The token an id stands for (a label word's piece, named in a note)."""
+        raise NotImplementedError
+
+    def layout(self, a: list[int], b: list[int] | None, max_length: int) -> tuple[list[int], bool]:
+        """`[CLS] a [SEP]` or `[CLS] a [SEP] [SEP] b [SEP]`, at most `max_length` ids: a single text cut at
+        its end, a pair's longer side first (`tie_cuts_first`); and whether anything was cut."""
+        if b is None:
+            body = max(max_length - 2, 0)
+            return [self.cls_id, *a[:body], self.sep_id], len(a) > body
+        a, b, cut = list(a), list(b), len(a) + len(b) > max_length - 4
+        while len(a) + len(b) > max_length - 4 and (a or b):
+            (a if len(a) > len(b) or (self.tie_cuts_first and len(a) == len(b)) else b).pop()
+        return [self.cls_id, *a, self.sep_id, self.sep_id, *b, self.sep_id], cut
+
+    def encode(self, text: str, pair: str | None = None, max_length: int = 512) -> list[int]:
+        """What the model reads for `text` (and `pair`), at most `max_length` ids."""
+        return self.layout(self.ids(text), None if pair is None else self.ids(pair), max_length)[0]
+
+
+class PlatformScheme(Scheme):
     """A platform tokenizer directory, with the layout the fine-tuning tasks feed the model. It pickles as
     its tokenizer.json text, loaded once per process (`tokenizer_from_json`): so it travels to Ray Data tasks."""
 
     name = "platform"
+    tie_cuts_first = True
 
     def __init__(self, directory: str | Path):
         self.directory = str(directory)
@@ -81,14 +138,15 @@ class PlatformScheme:
         """`ids` of each text, encoded in parallel by `tokenizers` (the documents of one packing batch)."""
         return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
-    def encode(self, text: str, pair: str | None = None, max_length: int = 512) -> list[int]:
-        a = self.ids(text)
-        if pair is None:
-            return [self.cls_id, *a[: max(max_length - 2, 0)], self.sep_id]
-        b = self.ids(pair)
-        while len(a) + len(b) > max_length - 4 and (a or b):
-            (a if len(a) >= len(b) else b).pop()
-        return [self.cls_id, *a, self.sep_id, self.sep_id, *b, self.sep_id]
+    def ids_and_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        return self.batch_ids_and_offsets([text])[0]
+
+    def batch_ids_and_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """`ids_and_offsets` of each text, encoded in parallel: the offsets are `tokenizers`' own."""
+        return [(e.ids, e.offsets) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def token(self, token_id: int) -> str:
+        return self.tokenizer.id_to_token(token_id)
 
 
 def tokenizer_files(directory: str | Path) -> list[Path]:

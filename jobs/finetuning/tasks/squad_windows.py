@@ -2,11 +2,14 @@
 (docs/method.md section 7.6).
 
 **Windows.** A question (at most `max_question_length` tokens) and a window of its context go in as
-`[CLS] question [SEP] [SEP] context window [SEP]`, our pair format, at most `max_length` tokens. A
+`[CLS] question [SEP] [SEP] context window [SEP]`, the pair format of either tokenizer scheme (the
+authors' too, with their special ids: `jobs.data.tokens.Scheme`), at most `max_length` tokens. A
 context longer than one window is covered by several, each starting `doc_stride` tokens after the
 previous one (BERT's document stride: windows overlap by `window - doc_stride` tokens). The answer's
-character span becomes token positions through the tokenizer's character offsets; an unanswerable
-question, or a window that does not hold the whole answer, points start and end at [CLS] (position 0).
+character span becomes token positions through the tokenizer's character offsets
+(`Scheme.ids_and_offsets`: the authors' tokenizer traces them back through its pre-tokenizer); an
+unanswerable question, or a window that does not hold the whole answer, points start and end at [CLS]
+(position 0).
 
 **Answers.** Per question, over all its windows: the `n_best` highest start and end logits of the
 context tokens give candidate spans (end not before start, at most `max_answer_length` tokens); the
@@ -23,9 +26,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from jobs.cli import UserError
+from jobs.data.tokens import Scheme
 from jobs.finetuning.tasks.squad import Question, Questions
 from jobs.finetuning.tasks.squad_eval import gold_texts
 
@@ -68,20 +71,20 @@ def answer_tokens(offsets: np.ndarray, char_start: int, char_end: int) -> tuple[
     return int(overlap[0]), int(overlap[-1])
 
 
-def encode_questions(tokenizer: Tokenizer, special: dict[str, int], questions: Questions, max_length: int,
-                     doc_stride: int, max_question_length: int):
+def encode_questions(scheme: Scheme, questions: Questions, max_length: int, doc_stride: int,
+                     max_question_length: int):
     """Windows of every question: ids (ragged), labels (N, 2) start/end positions, the SpanIndex,
     and how many questions were cut to `max_question_length` tokens."""
     if max_length - max_question_length - 4 < 1:
         raise UserError(f"SQuAD windows of {max_length} tokens leave no room for context after a question of "
                          f"up to {max_question_length} tokens: raise max_length or lower max_question_length")
-    contexts = _encode_contexts(tokenizer, questions.items)
-    asked = tokenizer.encode_batch([q.question for q in questions.items], add_special_tokens=False)
-    cls, sep = special["[CLS]"], special["[SEP]"]
+    contexts = _encode_contexts(scheme, questions.items)
+    asked = scheme.batch_ids([q.question for q in questions.items])
+    cls, sep = scheme.cls_id, scheme.sep_id
     sequences, labels, rows, cut = [], [], [], 0
     for i, (q, a) in enumerate(zip(questions.items, asked)):
-        q_ids = a.ids[:max_question_length]
-        cut += len(a.ids) > max_question_length
+        q_ids = a[:max_question_length]
+        cut += len(a) > max_question_length
         ctx_ids, offsets = contexts[q.context]
         answer = answer_tokens(offsets, *q.span()) if q.answerable else (-1, -1)
         first = len(q_ids) + 3  # [CLS] question [SEP] [SEP]
@@ -97,11 +100,11 @@ def encode_questions(tokenizer: Tokenizer, special: dict[str, int], questions: Q
     return sequences, np.asarray(labels, dtype=np.int64).reshape(-1, 2), spans, cut
 
 
-def _encode_contexts(tokenizer: Tokenizer, items: list[Question]) -> dict[str, tuple[list[int], np.ndarray]]:
+def _encode_contexts(scheme: Scheme, items: list[Question]) -> dict[str, tuple[list[int], np.ndarray]]:
     """Each distinct paragraph tokenized once: its ids and each token's character offsets."""
     unique = list(dict.fromkeys(q.context for q in items))
-    encoded = tokenizer.encode_batch(unique, add_special_tokens=False)
-    return {c: (e.ids, np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)) for c, e in zip(unique, encoded)}
+    encoded = scheme.batch_ids_and_offsets(unique)
+    return {c: (ids, np.asarray(offsets, dtype=np.int64).reshape(-1, 2)) for c, (ids, offsets) in zip(unique, encoded)}
 
 
 # ----------------------------------------------------------------------------- logits -> answers
