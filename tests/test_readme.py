@@ -44,6 +44,17 @@ COMMANDS = {
         "tests/test_convert.py converts the fixture's authors' directory both ways",
     r"^python -m jobs\.data\.tokens cocolm-base-platform":
         "tests/test_official_tokenizer.py runs the command on the fixture's tokenizer",
+    r"^(HF_HUB_OFFLINE=0 )?python -m jobs\.finetuning --from microsoft/cocolm-base --tasks glue,squad_v2":
+        "needs the released checkpoint (a download), GLUE and GPU-hours; tests/test_encoders.py takes a hub id "
+        "from a Hugging Face cache holding the fixture, tests/test_squad.py sweeps the fixture's folder",
+    r"^python -m jobs\.pretraining --preset base\+\+ --init-from microsoft/cocolm-base":
+        "needs the released checkpoint, a corpus and GPUs; tests/test_continued_pretraining.py runs --init-from "
+        "the fixture's folder",
+    r"^python -m jobs\.finetuning --from tests/fixtures/official-cocolm --tasks snli --grid quick":
+        "tests/test_squad.py::test_a_squad_sweep_of_the_authors_checkpoint_encodes_with_their_tokenizer (the same "
+        "folder through --from); run by hand in a fresh clone before a release",
+    r"^python -m jobs\.pretraining --preset tiny --init-from tests/fixtures/official-cocolm":
+        "tests/test_continued_pretraining.py (the same folder, preset and block length, two steps)",
     r"^python -m jobs\.finetuning --from cocolm-base --tasks rte":
         "needs the released checkpoint (a download) and GLUE; tests/test_encoders.py takes the fixture's folder through --from",
     r"^python -m jobs\.finetuning --from last --tasks my_task\.jsonl":

@@ -4,6 +4,7 @@ end to end (2 learning rates x 5 seeds on a user task file) with its MLflow pare
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +44,12 @@ def test_a_dry_run_prints_the_plan_first_and_runs_nothing(tmp_path, exported, ca
     result = sweep.main(["--from", str(exported), "--tasks", "snli", "--grid", "quick", "--seeds", "5",
                          "--label-fractions", "0.1,1.0", "--tracking-uri", tracking_uri,
                          "--storage", str(tmp_path / "ray"), "--dry-run"])
-    first = capsys.readouterr().out.splitlines()[0]
-    assert first == ("plan: snli:0.1 (3 grid points), snli (3 grid points) x 5 seeds = 30 trials "
-                     "(grid quick, learning rates base)")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("plan: snli:0.1 (3 grid points), snli (3 grid points) x 5 seeds = 30 trials "
+                        "(grid quick, learning rates base)")
+    # the notes end with the GPU-hours each target's trials are estimated at (jobs/finetuning/cost.py)
+    assert re.fullmatch(r"estimate: .+ for the sweep on one GPU \(snli:0\.1 .+, snli .+\): .+ not a measurement",
+                        lines[-1]), lines[-1]
     assert result.tables is None and result.trials_run == 0
     from mlflow.tracking import MlflowClient
 

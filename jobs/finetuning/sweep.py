@@ -54,6 +54,7 @@ from jobs import tracking
 from jobs.cli import NON_NEGATIVE, UserError, option, parse_options
 from jobs.env import set_hermetic_env
 from jobs.pretraining.encoders import PretrainedEncoder, resolve_encoder
+from jobs.finetuning.cost import gpu_hours_line
 from jobs.finetuning.encoding import EncodedTask, encode_task
 from jobs.finetuning.grid import MAX_LENGTH, Grid, available_grids, data_key, load_grid, trial_name
 from jobs.finetuning.tables import SweepTables, log_tables, tabulate
@@ -301,7 +302,8 @@ def _plan(opts: SweepOptions, grid: Grid, client: MlflowClient, tracking_uri: st
               "lr_set": lr_set, "label_fractions": ",".join(f"{f:g}" for f in opts.label_fractions),
               "max_train": max_train, "max_dev": max_dev, "max_failures": opts.max_failures,
               "grid_points": len(points), "trials": len(points) * len(opts.seeds)}
-    return _Plan(encoder, pretraining_run, encoded, points, params, _describe(trained, encoded))
+    estimate = gpu_hours_line(encoder.cfg, encoded, points, len(opts.seeds))
+    return _Plan(encoder, pretraining_run, encoded, points, params, f"{_describe(trained, encoded)}\n{estimate}")
 
 
 def plan_line(points: list[dict[str, Any]], seeds: tuple[int, ...], grid: str, lr_set: str) -> str:

@@ -36,6 +36,7 @@ from jobs.finetuning.tasks.squad_windows import best_answers
 from jobs.names import best_split_metric
 
 EVAL_BATCH = 128
+EVALS_PER_EPOCH = 2  # dev evaluations per epoch (the best is kept)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TrialConfig:
     seed: int
     adamw: AdamW = field(default_factory=AdamW)  # (0.9, 0.98), eps 1e-6, weight decay 0.01
     dropout: float = 0.1  # head dropout; the encoder keeps its own config's (0.1)
-    evals_per_epoch: int = 2
+    evals_per_epoch: int = EVALS_PER_EPOCH
     bf16: bool = True  # autocast on GPU; CPU runs fp32
 
 
