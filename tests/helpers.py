@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from tokenizers import Tokenizer
 
 from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG, SEED_STAT,
@@ -147,3 +148,25 @@ def free_ports(count: int = 1) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def one_line_in_process(capsys, monkeypatch, tmp_path: Path, main, argv: list[str], starts_with: str) -> None:
+    """As `assert_one_line_error`, without a new Python per case: `run_main` in this process, with
+    Ray's start trapped, so a check that ran too late fails here instead of starting Ray."""
+    import jobs.ray_session
+    from jobs.cli import run_main
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started before the mistake was found")
+
+    for module in ("jobs.ray_session", "jobs.pretraining.job", "jobs.finetuning.tune"):
+        monkeypatch.setattr(f"{module}.init_ray", no_ray)
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("COCOLM_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_status:
+        run_main(main, argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_status.value.code == 1 and lines[0].startswith(starts_with), err[-2000:]
+    assert "Traceback" not in err and "--debug" in lines[-1]
+    assert jobs.ray_session.init_ray is no_ray

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import one_line_in_process
+
 ROOT = Path(__file__).resolve().parents[1]
 RAY_STARTED = "Started a local Ray instance"
 
@@ -30,28 +32,6 @@ def assert_one_line_error(result: subprocess.CompletedProcess, starts_with: str)
     assert lines[0].startswith(starts_with), result.stderr[-2000:]
     assert "Traceback" not in result.stderr and RAY_STARTED not in result.stdout + result.stderr
     assert "--debug" in lines[-1]  # the way to the traceback is named
-
-
-def one_line_in_process(capsys, monkeypatch, tmp_path: Path, main, argv: list[str], starts_with: str) -> None:
-    """As `assert_one_line_error`, without a new Python per case: `run_main` in this process, with
-    Ray's start trapped, so a check that ran too late fails here instead of starting Ray."""
-    import jobs.ray_session
-    from jobs.cli import run_main
-
-    def no_ray(*args, **kwargs):
-        raise AssertionError("Ray was started before the mistake was found")
-
-    for module in ("jobs.ray_session", "jobs.pretraining.job", "jobs.finetuning.tune"):
-        monkeypatch.setattr(f"{module}.init_ray", no_ray)
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("COCOLM_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as exit_status:
-        run_main(main, argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert exit_status.value.code == 1 and lines[0].startswith(starts_with), err[-2000:]
-    assert "Traceback" not in err and "--debug" in lines[-1]
-    assert jobs.ray_session.init_ray is no_ray
 
 
 def finished_or_failed_runs(tmp_path: Path) -> int:
@@ -76,12 +56,11 @@ def test_a_missing_corpus_is_one_line_before_ray_starts(tmp_path, monkeypatch):
         run_main(main, ["--preset", "tiny", "--corpus", str(missing), "--debug"])
 
 
-def test_an_unwritable_storage_is_found_before_ray_and_before_any_mlflow_run(tmp_path):
+def test_an_unwritable_storage_is_found_before_ray_and_before_any_mlflow_run(capsys, monkeypatch, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
-    result = pretrain(tmp_path, "--storage", str(blocker / "checkpoints"))
-    assert_one_line_error(result, f"error: storage {blocker / 'checkpoints'} is not writable")
-    assert finished_or_failed_runs(tmp_path) == 0  # no FAILED run left behind
+    pretrain_in_process(capsys, monkeypatch, tmp_path, ["--storage", str(blocker / "checkpoints")],
+                        f"error: storage {blocker / 'checkpoints'} is not writable")  # and no FAILED run left behind
 
 
 @pytest.mark.parametrize("override,message", [
@@ -153,14 +132,14 @@ def test_a_value_out_of_range_is_one_line_naming_key_and_range(capsys, monkeypat
     pretrain_in_process(capsys, monkeypatch, tmp_path, list(args), message)
 
 
-def test_a_malformed_variant_file_is_one_line_naming_file_and_line(tmp_path):
+def test_a_malformed_variant_file_is_one_line_naming_file_and_line(capsys, monkeypatch, tmp_path):
     variant = ROOT / "platform" / "variants" / f"zz-broken-{os.getpid()}.yaml"
     variant.write_text("train:\n  max_steps: [4\n")
     try:
-        result = pretrain(tmp_path, "--variant", variant.stem)  # as a user runs it: a new Python
+        pretrain_in_process(capsys, monkeypatch, tmp_path, ["--variant", variant.stem],
+                            f"error: {variant}, line 3: not valid YAML")
     finally:
         variant.unlink()
-    assert_one_line_error(result, f"error: {variant}, line 3: not valid YAML")
 
 
 def test_a_bug_keeps_its_traceback(tmp_path):
