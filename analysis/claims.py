@@ -48,7 +48,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from jobs.names import PROBE_METRICS, RANDOM_INIT_VARIANT, REPRESENT_METRICS
-from jobs.runs import BUDGET_PARAMS, with_fractions
+from jobs.run_tables import BUDGET_PARAMS, with_fractions
 from jobs.gate import CRITERIA, UNFINISHED, gate
 
 HOLDS, FAILS, NEGLIGIBLE, INCONCLUSIVE = "holds", "does not hold", "negligible", "inconclusive"
@@ -183,7 +183,7 @@ def summary_verdict(verdicts: dict[str, str]) -> str:
 
 
 def run_gate(row: pd.Series):
-    """`jobs.gate` on a row of `jobs.runs.pretraining_runs`."""
+    """`jobs.gate` on a row of `jobs.run_tables.pretraining_runs`."""
     metrics = {k.removeprefix("metrics."): v for k, v in row.items()
                if k.startswith("metrics.") and isinstance(v, (int, float)) and not math.isnan(v)}
     params = {k.removeprefix("params."): v for k, v in row.items() if k.startswith("params.")}
@@ -470,7 +470,7 @@ def _both(mine: Callable, theirs: Callable, variant: str) -> Callable[[pd.Series
 
 def judge(runs: pd.DataFrame, hist: pd.DataFrame, scores: pd.DataFrame,
           fewshot: pd.DataFrame | None = None) -> list[Claim]:
-    """Every claim, per preset, over every pretraining run (`jobs.runs.pretraining_runs`, one row per run and
+    """Every claim, per preset, over every pretraining run (`jobs.run_tables.pretraining_runs`, one row per run and
     seed), from their metric histories, the fine-tuning scores (`sweep_scores`, with the per-seed values) and
     the few-shot scores (`fewshot_scores`). Holm's correction runs over all primary claims of all presets."""
     fewshot = fewshot if fewshot is not None else pd.DataFrame(columns=["pretraining_run", "task", "method", "values"])

@@ -52,7 +52,7 @@ from jobs.finetuning.medians import GLUE_TARGETS
 from jobs.finetuning.tasks.specs import SQUAD_V2
 from jobs.names import (ANALYSIS_EXPERIMENT, COMPARABLE_METRICS, KIND_ANALYSIS, KIND_TAG, NOT_COMPARABLE,
                         PROBE_METRICS, REPRESENT_ARTIFACT, REPRESENT_METRICS)
-from jobs.runs import (experiment_ids, fewshot_scores, histories, latest_per_seed, pretraining_runs, sweep_scores,
+from jobs.run_tables import (experiment_ids, fewshot_scores, histories, latest_per_seed, pretraining_runs, sweep_scores,
                        timeline, with_fractions)
 from jobs.studies.figures import PALETTE, legend_below, pyplot, representation_figure, run_styles, save
 from jobs.gate import CRITERIA, TRAINED
@@ -414,7 +414,7 @@ def runs_table(runs: pd.DataFrame, finetuning: pd.DataFrame, out: Path) -> list[
 
 def timeline_table(runs: pd.DataFrame, out: Path) -> list[Path]:
     """The time a study took: its runs in the order they started, minutes from the first start, and the span
-    from the first start to the last end (jobs.runs.timeline). MLflow keeps a resumed run's first start, so
+    from the first start to the last end (jobs.run_tables.timeline). MLflow keeps a resumed run's first start, so
     a run stopped and resumed later counts the pause, and a study run over several sittings spans them; the
     readouts logged on a finished pretraining run (probes, [CLS] cosines) fall between its rows."""
     if runs.empty:

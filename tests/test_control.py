@@ -10,7 +10,7 @@ from model import build_pretraining_model
 from jobs.pretraining.encoders import resolve_encoder
 from jobs.names import KIND_PRETRAINING, KIND_TAG, PRETRAINING_SEED_TAG, RANDOM_INIT_VARIANT
 from jobs.pretraining.config import resolve, with_vocab_size
-from jobs.runs import BUDGET_PARAMS, pretraining_runs
+from jobs.run_tables import BUDGET_PARAMS, pretraining_runs
 from jobs.studies.control import initial_encoder, random_init_run
 from jobs.tracking import experiment_id
 

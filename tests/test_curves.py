@@ -18,7 +18,7 @@ import pytest
 from jobs.cli import UserError
 from jobs.data.corpus import shipped_corpus
 from jobs.data.pack import PackOptions, run as pack
-from jobs.data.packed import BLOCKS_FILE, META_FILE, TOKENIZER_FILE, load_blocks, save_blocks
+from jobs.data.blocks_folder import BLOCKS_FILE, META_FILE, TOKENIZER_FILE, load_blocks, save_blocks
 from jobs.studies.curves import CurvesOptions, LEFT_PRIOR, left_prior, run, split_heldout
 from model.corruption import SpecialTokens
 

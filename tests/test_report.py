@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from analysis.report import ablation_table, build, finetuning_table, score_markdown
 from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRECISION_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG,
                         best_task_metric)
-from jobs.runs import latest_per_seed, pretraining_runs
+from jobs.run_tables import latest_per_seed, pretraining_runs
 from jobs.tracking import experiment_id
 from helpers import fake_pretraining_run, fake_sweep_run
 

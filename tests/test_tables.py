@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from jobs.finetuning.tasks.specs import GLUE, SNLI
 from jobs.finetuning.tables import log_tables, tabulate, trial_records
 from jobs.names import (KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task_metric, dev_seed_scores, seed_scores)
-from jobs.runs import sweep_scores
+from jobs.run_tables import sweep_scores
 from jobs.tracking import experiment_id
 
 

@@ -1,4 +1,4 @@
-"""Pack a corpus once into a folder of blocks (`jobs.data.packed`), for the Ray-free learning-curve probe.
+"""Pack a corpus once into a folder of blocks (`jobs.data.blocks_folder`), for the Ray-free learning-curve probe.
 
     python -m jobs.data.pack --seq-len 128 --vocab-size 8192 --out work/blocks-study [--corpus PATH ...] [--tokenizer DIR]
 
@@ -20,7 +20,7 @@ import ray
 from jobs.cli import Range, UserError, option, parse_options, redact, run_main
 from jobs.data.config import DataConfig
 from jobs.data.corpus import skip_summary
-from jobs.data.packed import check_out_folder, save_blocks
+from jobs.data.blocks_folder import check_out_folder, save_blocks
 from jobs.data.stream import build_stream, check_inputs
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer

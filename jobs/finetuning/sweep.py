@@ -65,7 +65,7 @@ from jobs.finetuning.trial import TrialConfig, fine_tune
 from jobs.finetuning.tune import CPUS_PER_TRIAL, GPUS_PER_TRIAL, MAX_FAILURES, ParentRun, run_trials
 from jobs.names import (CHECKPOINT_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, STUDY_TAGS,
                         TRIAL_TAG, fraction_target, split_fraction)
-from jobs.runs import search
+from jobs.run_tables import search
 
 # ----------------------------------------------------------------------------- options and result
 

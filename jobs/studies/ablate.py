@@ -75,7 +75,7 @@ from jobs.data.tokenizer import resolve_tokenizer
 from jobs.pretraining.config import PretrainConfig, resolve
 from jobs.pretraining.loop import duration
 from jobs.ray_session import init_ray
-from jobs.runs import SEED_PARAMS
+from jobs.run_tables import SEED_PARAMS
 from jobs.studies import control, probe, represent
 from jobs.gate import gate
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from jobs.cli import UserError, option, parse_options, run_main
-from jobs.data.packed import TOKENIZER_FILE, load_blocks
+from jobs.data.blocks_folder import TOKENIZER_FILE, load_blocks
 from jobs.pretraining.config import PretrainConfig, resolve, with_vocab_size
 from jobs.studies.figures import pyplot, save
 from model import build_pretraining_model, make_pretraining_batch

@@ -54,7 +54,7 @@ from jobs.finetuning.tasks.snli import SNLI_DIR, read_snli
 from jobs.finetuning.tasks.subsets import subsample
 from jobs.finetuning.tasks.task import Task
 from jobs.names import PROBE_ARTIFACT, PROBE_DEV_METRICS, PROBE_FEATURES, PROBE_METRICS, PROBE_SIZE_METRICS
-from jobs.runs import finished_run_ids
+from jobs.run_tables import finished_run_ids
 
 TRAIN_PAIRS = 10_000  # of SNLI train's 94,889 (the issue asks for at least 10,000): 3 classes x H weights
 #                       need no more, and embedding is most of a probe's time

@@ -44,7 +44,7 @@ from jobs.finetuning.tasks.snli import read_snli
 from jobs.finetuning.tasks.specs import SNLI
 from jobs.finetuning.tasks.task import Split
 from jobs.names import REPRESENT_ARTIFACT, REPRESENT_METRICS
-from jobs.runs import finished_run_ids
+from jobs.run_tables import finished_run_ids
 from jobs.studies.figures import representation_figure
 
 SEED = 0
