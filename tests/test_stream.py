@@ -214,37 +214,6 @@ def test_two_workers_get_disjoint_shards_that_cover_the_corpus(stream, blocks):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_ray_train_workers_complete_on_two_cpus(stream, tmp_path):
-    """The hang of docs/design.md section 4: Train workers hold CPUs while Ray Data needs some.
-    Fractional CPUs on both sides."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    cfg, (blocks, *_) = stream
-
-    def loop(config: dict) -> None:
-        import ray.train
-
-        context = ray.train.get_context()
-        batches = list(pretraining_batches(ray.train.get_dataset_shard("train"), cfg, epoch=0))
-        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-        Path(config["out"], f"rank{context.get_world_rank()}.json").write_text(json.dumps([len(batches), tokens]))
-
-    trainer = TorchTrainer(
-        loop,
-        train_loop_config={"out": str(tmp_path)},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-        datasets={"train": blocks},
-        run_config=RunConfig(name="stream-test", storage_path=str(tmp_path / "ray")),
-    )
-    trainer.fit()
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert all(n_batches > 0 for n_batches, _ in results)
-    assert sum(tokens for _, tokens in results) > 0
-
-
-@pytest.mark.slow
 def test_a_ray_train_worker_reads_the_stream_in_corpus_order(stream, blocks, tmp_path):
     """The same seed must give the same batches: Ray Train replaces the dataset's own execution options
     with its ingest options, so the job passes `ingest_config()`, which keeps the stream's order."""
