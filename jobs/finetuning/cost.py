@@ -2,8 +2,8 @@
 
 Per trial, the encoder's model FLOPs (`model.flops.encoder_forward_flops`, 3x for a training pass): every
 epoch's training batches, each padded to its own longest example as `jobs.finetuning.encoding.batches`
-pads them (the batches of one fixed shuffle), and `EVALS_PER_EPOCH` forward passes over the dev splits (batches of `EVAL_BATCH`).
-The heads and the optimizer are left out. Divided by `MEASURED_RATE`, the FLOP rate the platform's
+pads them (the batches of one fixed shuffle), and `EVALS_PER_EPOCH` forward passes over the dev splits
+(batches of `EVAL_BATCH`). The heads and the optimizer are left out. Divided by `MEASURED_RATE`, the FLOP rate the platform's
 pretraining step reached on an H200. Fine-tuning's short sequences make smaller matrix products than
 that step's 512 tokens, so they run slower: read the hours as a lower bound, an estimate until a sweep
 of the task has been timed on the GPU.
