@@ -23,7 +23,7 @@ from jobs.names import fraction_target
 # bf16 FLOP/s of the base training step as one CUDA-graph step at 512 tokens on an H200: 24.9% of its
 # 989 TFLOP/s peak (docs/measurements/h200-gpu-report-first, docs/design.md section 7.2).
 MEASURED_RATE = 0.249 * 989e12
-RATE_SOURCE = "the base pretraining step's measured bf16 rate on an H200, 246 TFLOP/s"
+RATE_SOURCE = f"the base pretraining step's measured bf16 rate on an H200, {MEASURED_RATE / 1e12:.0f} TFLOP/s"
 SHUFFLE_SEED = 0
 
 
@@ -49,10 +49,13 @@ def trial_flops(cfg: EncoderConfig, task: EncodedTask, epochs: int, batch_size: 
 def gpu_hours_line(cfg: EncoderConfig, encoded: dict[str, EncodedTask], points: list[dict], seeds: int) -> str:
     """One line: per target the estimated GPU-hours of all its trials, and the total."""
     hours: dict[str, float] = {}
+    flops: dict[tuple, float] = {}  # points that differ only in learning rate or warm-up cost the same
     for point in points:
         target = fraction_target(point["task"], point["label_fraction"])
-        flops = trial_flops(cfg, encoded[target], point["epochs"], point["batch_size"])
-        hours[target] = hours.get(target, 0.0) + seeds * flops / MEASURED_RATE / 3600
+        shape = (target, point["epochs"], point["batch_size"])
+        if shape not in flops:
+            flops[shape] = trial_flops(cfg, encoded[target], point["epochs"], point["batch_size"])
+        hours[target] = hours.get(target, 0.0) + seeds * flops[shape] / MEASURED_RATE / 3600
     each = ", ".join(f"{target} {gpu_time(h)}" for target, h in hours.items())
     return (f"estimate: {gpu_time(sum(hours.values()))} for the sweep on one GPU ({each}): the encoder's model FLOPs "
             f"on this data at {RATE_SOURCE}; shorter sequences run slower, so a lower bound, not a measurement")
