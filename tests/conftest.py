@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import GPU_TEST_MODULES, tiny_encoder_config
+from helpers import GPU_TEST_MODULES, empty_store, tiny_encoder_config
 from model import Encoder
 from model.export import export_encoder
 
@@ -93,8 +93,10 @@ def fresh_attention_state():
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    """A COCOLM_HOME of the test's own (tracking store, checkpoints, caches), empty at the start."""
+    """A COCOLM_HOME of the test's own (tracking store, checkpoints, caches), holding nothing but an empty
+    tracking store at the start (`helpers.empty_store`)."""
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    empty_store(tmp_path / "home")
     return tmp_path / "home"
 
 

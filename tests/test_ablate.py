@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
+from helpers import empty_store
+
 from jobs.studies import probe
 from jobs.studies.ablate import finished_sweep, main
 
@@ -29,7 +31,7 @@ def test_a_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatc
 def test_a_finished_sweep_is_found_only_for_the_same_run_tasks_grid_seeds_and_label_fractions(tmp_path):
     from jobs.tracking import experiment_id
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "ablation-tiny", uri)
     sweep = client.create_run(exp, tags={"kind": "finetuning-sweep", "cocolm.pretraining_run": "p1"}).info.run_id
@@ -55,7 +57,7 @@ def test_each_seed_pretrains_and_reads_out_every_variant_then_its_control(tmp_pa
     from jobs.pretraining.job import PretrainResult
     from jobs.studies import ablate, control
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client, done = MlflowClient(uri), []
 
     def pretrained(cfg, tracking_uri, storage, experiment):
@@ -117,7 +119,7 @@ def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_l
     variant would only repeat the first; that a variant training no language-model head exports none
     (rtd_only here before) is tests/test_variants.py::test_only_the_variants_that_train_a_language_model_head_keep_one."""
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     grid = tmp_path / "one_point.yaml"
     grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
                     "tasks: {default: t}\n")
@@ -208,7 +210,7 @@ def test_concurrent_runs_refuse_a_ray_too_small_for_their_streams(ray_local, tmp
 
     with pytest.raises(UserError, match="--concurrent-runs 2 needs a Ray with at least 4 logical CPUs, this one has 2"):
         main(["--preset", "tiny", "--variants", "cocolm,roberta_mlm", "--concurrent-runs", "2", "--no-control",
-              "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+              "--tracking-uri", empty_store(tmp_path)])
     assert "MLflow run" not in capsys.readouterr().out
 
 
@@ -221,7 +223,7 @@ def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, small_corpus, 
     import subprocess
     import sys
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     env = {**os.environ, "COCOLM_HOME": str(tmp_path / "home")}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(

@@ -23,6 +23,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from helpers import empty_store
+
 from model import ObjectiveConfig, build_pretraining_model, model_size
 from model.backends import BACKENDS
 from model.backends.fused import PROBE_BLOCKS, TritonShape, kernel_variants
@@ -259,11 +261,12 @@ def test_the_first_progress_line_and_the_run_tags_say_which_attention_ran_and_ev
     """The pretraining job's logger (rank 0) on a real MLflow store, after a real step on the CPU (SDPA):
     the first line names what ran per kind of pass, the run's tags hold it; a later line repeats it only
     when it changed: after a fallback, which it names with its cause."""
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    uri = empty_store(tmp_path)
+    client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("pretraining")).info.run_id
     cfg = with_vocab_size(resolve("tiny", "cocolm", ["data.seq_len=32", "train.max_steps=3"]), 50)
     model, step, batch = tiny_training(attention="auto")  # the CPU runs SDPA, unprobed
-    logger = Logger(LoopContext(run_id, f"sqlite:///{tmp_path}/mlflow.db", ""), cfg, 0, 1, torch.device("cpu"),
+    logger = Logger(LoopContext(run_id, uri, ""), cfg, 0, 1, torch.device("cpu"),
                     model)
 
     def log_step(number: int) -> str:

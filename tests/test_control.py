@@ -6,6 +6,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from helpers import empty_store
+
 from model import build_pretraining_model
 from jobs.pretraining.encoders import resolve_encoder
 from jobs.names import KIND_PRETRAINING, KIND_TAG, PRETRAINING_SEED_TAG, RANDOM_INIT_VARIANT
@@ -18,7 +20,7 @@ from jobs.tracking import experiment_id
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_control_is_found_again_and_loads_as_a_pretraining_run(tokenizer_dir, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     cfg = resolve("tiny", "cocolm", ["train.max_steps=40"])
     first, made = random_init_run(client, "ablation-tiny", cfg, 3, tokenizer_dir)

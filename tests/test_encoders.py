@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from jobs.pretraining.encoders import encoder_from_checkpoint, resolve_encoder
 from model import Encoder
 from model.classifier import SequenceClassifier, load_encoder
-from helpers import tiny_encoder_config
+from helpers import empty_store, tiny_encoder_config
 
 
 def test_load_encoder_reads_the_export_with_our_encoder(exported, tokenizer_dir):
@@ -49,7 +49,7 @@ def test_from_last_picks_the_newest_finished_pretraining_run_of_any_experiment(t
     sweeps and unfinished runs are never taken."""
     from jobs.pretraining.encoders import latest_pretraining_run
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(tmp_path))
     with pytest.raises(ValueError, match="no finished pretraining run"):
         latest_pretraining_run(client)
     runs = []

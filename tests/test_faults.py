@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import empty_store
+
 from jobs import faults
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import TrainConfig, resolve
@@ -167,7 +169,7 @@ def test_the_driver_ends_a_run_whose_checkpoint_cannot_be_written_with_that_line
     from jobs.pretraining import job
 
     line = "the checkpoint could not be written to storage /s/run: /s/run/checkpoint_step_00000005: No space left"
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("e")).info.run_id
 

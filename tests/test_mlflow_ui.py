@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from helpers import free_ports
+from helpers import empty_store, free_ports
 from jobs.tracking import compare_url, experiment_id, run_url, runs_table_url
 
 INSTALL = "apt-get update && apt-get install -y chromium"
@@ -55,7 +55,7 @@ def test_compare_runs_page_lists_both_variant_runs(tmp_path):
     if chromium is None:  # CI installs it (tests/system_packages.sh, the README's test command): there it must run
         message = f"headless Chromium is needed to check the MLflow UI; install it with: {INSTALL}"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "ablation-tiny", uri)
     names, run_ids = {}, []

@@ -19,7 +19,7 @@ from jobs.cli import UserError
 from jobs.names import PROBE_ARTIFACT, PROBE_DEV_METRICS, PROBE_METRICS, PROBE_SIZE_METRICS
 from jobs.studies import probe
 from jobs.tracking import experiment_id
-from helpers import fake_pretraining_run
+from helpers import empty_store, fake_pretraining_run
 
 
 def small_snli(directory: Path, train: int = 400, test: int = 120) -> Path:
@@ -62,7 +62,7 @@ def test_the_regularisation_is_chosen_on_dev_never_on_test():
 def test_probe_logs_on_the_pretraining_run_and_skips_a_run_already_probed(exported, tmp_path, capsys):
     snli = small_snli(tmp_path / "snli")
     task = subsample(read_snli(snli, dev_pairs=80), 250, 60)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     run_id = fake_pretraining_run(client, experiment_id(client, "ablation-tiny", uri), "cocolm", {})
     client.log_artifacts(run_id, str(exported), "encoder")
@@ -106,7 +106,7 @@ def test_probes_of_a_frozen_encoder_read_a_label_its_input_carries(exported):
 
 
 def test_an_unknown_run_is_one_error_line_before_anything_is_probed(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     with pytest.raises(UserError, match="--from 'nope': no such run in the MLflow store"):
         probe.main(["--from", "nope", "--tracking-uri", uri])
     with pytest.raises(UserError, match="one of them"):

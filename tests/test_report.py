@@ -16,14 +16,14 @@ from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRECISION_TAG, P
                         best_task_metric)
 from jobs.run_tables import latest_per_seed, pretraining_runs
 from jobs.tracking import experiment_id
-from helpers import fake_pretraining_run, fake_sweep_run
+from helpers import empty_store, fake_pretraining_run, fake_sweep_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "ablation-tiny", uri)
     acc = {"copy_accuracy_replaced": [0.2, 0.5], "copy_accuracy_original": [0.9, 0.95],
@@ -103,8 +103,9 @@ def test_the_timeline_lists_every_run_of_the_study_in_order_with_its_minutes_and
     (with the variant and seed of the run it fine-tunes), in the order they started; a run not ended (one
     resumed after a failure included) has no minutes and is counted; the span runs from the first start to
     the last end."""
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = experiment_id(client, "ablation-tiny", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    uri = empty_store(tmp_path)
+    client = MlflowClient(uri)
+    exp = experiment_id(client, "ablation-tiny", uri)
     t0 = 1_700_000_000_000  # 2023-11-14 22:13 UTC
 
     def run(kind: str, start_min: float, end_min: float | None, **tags: str) -> str:
@@ -169,7 +170,7 @@ def test_glue_average_needs_all_eight_targets_and_skips_mnli_mm():
 
 
 def test_the_newest_finished_run_per_variant_is_reported(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "x", uri)
     old = fake_pretraining_run(client, exp, "cocolm", {})
@@ -213,7 +214,7 @@ def test_representation_figure_from_logged_cosines(store, tmp_path):
 
 
 def test_squad_gets_em_and_f1_columns_and_stays_out_of_the_average(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "squad", uri)
     pretraining = fake_pretraining_run(client, exp, "cocolm", {"copy_accuracy_original": [0.9]})
@@ -229,7 +230,7 @@ def test_squad_gets_em_and_f1_columns_and_stays_out_of_the_average(tmp_path):
 
 
 def test_label_fractions_get_their_table_figure_and_claim_and_stay_out_of_table_1(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "fractions", uri)
     # Four pretraining runs a variant. SCL gain: about +0.06 at 1% of the labels, +0.01 with all of them.

@@ -9,7 +9,7 @@ from analysis.report import build
 from jobs.names import REPRESENT_METRICS
 from jobs.studies.represent import Pairs, draw_pairs, main as represent_main, pair_cosines
 from jobs.tracking import experiment_id
-from helpers import fake_pretraining_run
+from helpers import empty_store, fake_pretraining_run
 
 
 @pytest.mark.timeout(300)
@@ -21,7 +21,7 @@ def test_represent_logs_cosines_on_the_pretraining_run_and_the_report_plots_them
     same = pair_cosines(exported, Pairs([("the same words", "the same words")], [("a cat", "a dog")]))
     assert list(same["kind"]) == ["random", "similar"] and same["cosine"][0] == pytest.approx(1.0, abs=1e-5)
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "ablation-tiny", uri)
     run_id = fake_pretraining_run(client, exp, "cocolm", {})

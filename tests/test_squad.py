@@ -35,7 +35,7 @@ from jobs.finetuning import trial
 from jobs.finetuning.trial import TrialConfig, fine_tune, predict_answers, score, task_loss
 from jobs.data.tokens import load_tokenizer
 from jobs.names import best_task_metric
-from helpers import pretraining_run_with_encoder, tiny_encoder_config
+from helpers import empty_store, pretraining_run_with_encoder, tiny_encoder_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "squad_v2"
 WINDOWS = {"max_length": 64, "doc_stride": 16, "max_question_length": 16}  # several windows per paragraph
@@ -296,7 +296,7 @@ def test_a_squad_sweep_of_the_authors_checkpoint_encodes_with_their_tokenizer(ra
     their ids (as many as `encode_task` makes with their scheme), scored officially."""
     authors = Path(__file__).parent / "fixtures" / "official-cocolm"
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking_uri = empty_store(tmp_path)
     grid = tmp_path / "squad.yaml"
     grid.write_text("spaces:\n  s: {epochs: [1], lr: [1.0e-3], batch_size: [32], warmup: [0.1],\n"
                     "      max_length: 64, doc_stride: 16, max_question_length: 16}\ntasks: {squad_v2: s}\n")

@@ -13,7 +13,7 @@ import pytest
 from jobs import faults
 from jobs.names import seed_scores
 from jobs.finetuning.sweep import SweepOptions, run
-from helpers import pretraining_run_with_encoder, sentiment_file
+from helpers import empty_store, pretraining_run_with_encoder, sentiment_file
 
 # ----------------------------------------------------------------------------- grids
 
@@ -224,7 +224,7 @@ def test_only_an_unfinished_parent_with_every_identifying_param_the_same_is_resu
     from jobs.finetuning.sweep import SAME_SWEEP, _unfinished_parent
     from jobs.names import KIND_SWEEP, KIND_TAG
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     experiment = tracking.experiment_id(client, "finetuning", uri)
     params = {"pretraining_run": "abc", "from": "abc", "tasks": "rte", "grid": "quick", "seeds": "0,1,2",

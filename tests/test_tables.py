@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 from mlflow.tracking import MlflowClient
 
+from helpers import empty_store
+
 from jobs.finetuning.tasks.specs import GLUE, SNLI
 from jobs.finetuning.tables import log_tables, tabulate, trial_records
 from jobs.names import (KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, best_task_metric, dev_seed_scores, seed_scores)
@@ -49,7 +51,7 @@ def test_the_sweep_reports_test_scores_at_the_grid_point_dev_chose(tmp_path):
     assert (row["reported_median"], row["reported_min"], row["reported_max"]) == (0.51, 0.50, 0.53)
     assert "| SNLI | accuracy | test | 51.00 | 50.00 | 53.00 | 71.00 |" in out.markdown
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "study", uri)
     sweep = client.create_run(exp, tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: "p1"}).info.run_id
@@ -72,7 +74,7 @@ def test_a_task_without_a_test_split_reports_dev_and_says_so(tmp_path):
                     for r in results], encoded, seeds=(0, 1, 2))
     row = out.table.iloc[0]
     assert row["split"] == "dev" and row["reported_median"] == row["score_median"] == 0.71
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     exp = experiment_id(client, "study", uri)
     sweep = client.create_run(exp, tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: "p1"}).info.run_id
@@ -97,7 +99,7 @@ def test_the_grids_published_result_is_printed_and_logged_beside_the_median(tmp_
     plain = tabulate(rte_trials([0.86, 0.88, 0.90]), encoded, seeds=(0, 1, 2))
     assert "published" not in plain.markdown and "gap" not in plain.table.columns  # no published: as before
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(tmp_path)
     client = MlflowClient(uri)
     sweep = client.create_run(experiment_id(client, "study", uri), tags={KIND_TAG: KIND_SWEEP}).info.run_id
     log_tables(client, sweep, out)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import one_line_in_process
+from helpers import empty_store, one_line_in_process
 
 from jobs.cli import UserError, redact
 from jobs.pretraining.config import resolve, to_yaml
@@ -236,7 +236,7 @@ def test_a_stopped_run_ends_killed_and_a_broken_one_failed(tmp_path, error, stat
 
     from jobs.tracking import ending_run
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(tmp_path))
     run_id = client.create_run(client.create_experiment("e")).info.run_id
     with pytest.raises(type(error)), ending_run(client, run_id):
         raise error
@@ -250,7 +250,7 @@ def test_a_run_broken_by_its_command_stopping_ends_killed(tmp_path):
 
     from jobs import tracking
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(tmp_path))
     experiment = client.create_experiment("e")
     run_ids = [client.create_run(experiment).info.run_id for _ in range(2)]
     try:

@@ -7,6 +7,8 @@ import pytest
 import ray
 from ray import tune
 
+from helpers import empty_store
+
 from jobs.finetuning import fewshot, sweep
 from jobs.finetuning.tune import GPU_SHARE, ParentRun, trial_resources
 
@@ -34,7 +36,7 @@ def _sweep_job(opts_gpus: float | None, tmp_path) -> None:
 
 
 def _parent(tmp_path) -> ParentRun:
-    return ParentRun(f"sqlite:///{tmp_path / 'mlflow.db'}", "0", "parent")
+    return ParentRun(empty_store(tmp_path), "0", "parent")
 
 
 @pytest.mark.parametrize("job", [_few_shot_job, _sweep_job], ids=["fewshot", "sweep"])
