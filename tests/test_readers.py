@@ -142,6 +142,24 @@ def test_snli_dev_is_held_out_by_premise_with_a_fixed_seed():
     assert any("held out by premise" in n for n in task.notes)
 
 
+def test_snli_is_read_once_per_process_until_its_files_change(tmp_path):
+    """A study reads SNLI for every sweep, probe and readout: the same Task again, read anew once a file of
+    the folder changed."""
+    rows = [{"premise": f"a man plays {i // 3}", "hypothesis": f"someone acts {i}", "label": ["entailment",
+             "neutral", "contradiction"][i % 3]} for i in range(90)]
+
+    def write(name: str, count: int) -> None:
+        (tmp_path / f"{name}.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows[:count]).encode()))
+
+    write("train", 60), write("test", 30)
+    first = read_snli(tmp_path, dev_pairs=9)
+    assert read_snli(tmp_path, dev_pairs=9) is first and len(first.train) + len(first.dev["dev"]) == 60
+    assert read_snli(tmp_path, dev_pairs=12) is not first  # another holdout is another read
+    write("train", 90)
+    again = read_snli(tmp_path, dev_pairs=9)
+    assert len(again.train) + len(again.dev["dev"]) == 90 and len(again.test) == 30
+
+
 def test_user_file_split_kind_inferred_and_malformed_rows_reported(tmp_path):
     rows = [{"text": f"review {i}", "label": ["bad", "good"][i % 2]} for i in range(200)]
     lines = [json.dumps(r) for r in rows]

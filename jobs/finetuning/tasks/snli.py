@@ -9,6 +9,7 @@ both sides). Test is reported apart.
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -20,10 +21,29 @@ SNLI_DEV_PAIRS = 5000  # held out of SNLI train for model selection (whole premi
 
 
 def read_snli(snli_dir: str | Path = SNLI_DIR, dev_pairs: int = SNLI_DEV_PAIRS) -> Task:
-    """Shipped SNLI: dev = whole premises drawn with SPLIT_SEED until `dev_pairs` pairs, rest train; test apart."""
-    snli_dir = Path(snli_dir)
-    full, skipped = _read_jsonl(snli_dir / "train.jsonl.gz", SNLI, "premise", "hypothesis", "label")
-    test, more = _read_jsonl(snli_dir / "test.jsonl.gz", SNLI, "premise", "hypothesis", "label")
+    """Shipped SNLI: dev = whole premises drawn with SPLIT_SEED until `dev_pairs` pairs, rest train; test apart.
+
+    Read once per process while its files stay as they were (1.2 s a read: a study reads it for every sweep,
+    probe and [CLS] readout). The Task is shared, so it is never changed in place: every reader of it makes
+    new splits (`Split.take`, `subsample`)."""
+    files = (Path(snli_dir) / "train.jsonl.gz", Path(snli_dir) / "test.jsonl.gz")
+    return _read_snli(files, tuple(_stamp(path) for path in files), dev_pairs)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """What tells a file's contents changed: its modification time and size; None for a missing file (the
+    read says so)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=2)
+def _read_snli(files: tuple[Path, Path], stamps: tuple, dev_pairs: int) -> Task:
+    full, skipped = _read_jsonl(files[0], SNLI, "premise", "hypothesis", "label")
+    test, more = _read_jsonl(files[1], SNLI, "premise", "hypothesis", "label")
     premises = sorted(set(full.text))
     random.Random(SPLIT_SEED).shuffle(premises)
     rows_of: dict[str, list[int]] = {}
