@@ -51,6 +51,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     set_hermetic_env()
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    # Ray Train's controller looks at its workers every 2 s, so a run's end (or a worker's failure) waited a
+    # second on average; the suite runs about 25 (measured: a 2-step run 1.3 s shorter at 0.5 s). Set before
+    # any Ray starts: its workers, the controller among them, inherit it.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 # The modules holding `gpu` tests. They import only torch, transformers and the model package, so
