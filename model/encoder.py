@@ -165,6 +165,14 @@ class Encoder(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
 
+def seeded_state(cfg: EncoderConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The weights `Encoder(cfg)` gets right after `torch.manual_seed(seed)`. Beside the class, so that the
+    process `jobs.studies.control` spawns to draw them imports the model alone (1.3 s), not the study's
+    tracking and Ray (5.3 s)."""
+    torch.manual_seed(seed)
+    return Encoder(cfg).state_dict()
+
+
 def attention_ran(model: nn.Module) -> str:
     """What attention the encoders inside `model` ran in their last passes, after any fallback
     (`Encoder.attention_ran`), e.g. 'triton in training passes, triton in no-grad passes': what

@@ -31,6 +31,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from model import Encoder
+from model.encoder import seeded_state
 from model.export import export_encoder
 
 from jobs import tracking
@@ -67,12 +68,6 @@ def initial_encoder(cfg: PretrainConfig, seed: int) -> Encoder:
         encoder = Encoder(cfg.model.main)
     encoder.load_state_dict(state, assign=True)
     return encoder
-
-
-def seeded_state(config, seed: int) -> dict:
-    """The weights `Encoder(config)` gets right after `torch.manual_seed(seed)` (run in initial_encoder's process)."""
-    torch.manual_seed(seed)
-    return Encoder(config).state_dict()
 
 
 def random_init_run(client: MlflowClient, experiment: str, cfg: PretrainConfig, seed: int,
