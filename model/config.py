@@ -1,4 +1,5 @@
-"""Model sizes and objective settings as frozen dataclasses (docs/method.md sections 2, 4 and 6).
+"""Model sizes, objective settings (docs/method.md sections 2, 4 and 6) and a tokenizer's special ids, as
+frozen dataclasses.
 
 The jobs fill these from `platform/` YAML; `model/` itself only needs the dataclasses, so it runs
 with plain torch on a GPU machine that has no YAML, Ray or MLflow.
@@ -151,3 +152,24 @@ class ObjectiveConfig:
             raise ValueError(f"objective.aux_unchanged_fraction must be in [0, 1), not {self.aux_unchanged_fraction}")
         if self.use_lm and self.lm_copy_mixture and self.lm_stop_gradient and not self.use_copy_loss:
             raise ValueError("with the copy mixture under stop-gradient and no copy loss, the copy head never learns")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the special tokens of a tokenizer (`jobs.data.schemes`: `scheme.special_tokens`), and of the
+    ids no regular piece stands for. The defaults are the platform tokenizer's, which writes them in this
+    order; the authors' dictionary numbers [CLS]=0 [PAD]=1 [SEP]=2 [UNK]=3, [MASK] last."""
+
+    pad: int = 0
+    unk: int = 1
+    cls: int = 2
+    sep: int = 3
+    mask: int = 4
+    # Ids that are neither special nor a regular piece: the fairseq dictionary's madeupword fillers (it pads
+    # the vocabulary to a multiple of 8 with them) and ids an overwrite left without a symbol. Never drawn.
+    fillers: tuple[int, ...] = ()
+
+    @property
+    def never_drawn(self) -> tuple[int, ...]:
+        """Every id a random replacement never takes, ascending: the specials and the fillers."""
+        return tuple(sorted({self.pad, self.unk, self.cls, self.sep, self.mask, *self.fillers}))

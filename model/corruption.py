@@ -23,9 +23,9 @@ marks the real ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
+
+from .config import SpecialTokens
 
 # Randomness for a batch: one generator for all rows, or one per row (row i draws only from generators[i],
 # so a row's corruption depends on nothing else in its batch: `jobs.data.stream.corrupt`), or None.
@@ -34,25 +34,6 @@ Generators = torch.Generator | Sequence[torch.Generator] | None
 BATCH_KEYS = ("input_ids", "attention_mask", "masked_ids", "mask_positions", "crop_ids", "crop_attention_mask")
 
 
-@dataclass(frozen=True)
-class SpecialTokens:
-    """Ids of the special tokens of a tokenizer (`jobs.data.schemes`: `scheme.special_tokens`), and of the
-    ids no regular piece stands for. The defaults are the platform tokenizer's, which writes them in this
-    order; the authors' dictionary numbers [CLS]=0 [PAD]=1 [SEP]=2 [UNK]=3, [MASK] last."""
-
-    pad: int = 0
-    unk: int = 1
-    cls: int = 2
-    sep: int = 3
-    mask: int = 4
-    # Ids that are neither special nor a regular piece: the fairseq dictionary's madeupword fillers (it pads
-    # the vocabulary to a multiple of 8 with them) and ids an overwrite left without a symbol. Never drawn.
-    fillers: tuple[int, ...] = ()
-
-    @property
-    def never_drawn(self) -> tuple[int, ...]:
-        """Every id a random replacement never takes, ascending: the specials and the fillers."""
-        return tuple(sorted({self.pad, self.unk, self.cls, self.sep, self.mask, *self.fillers}))
 
 
 def uniform(batch: int, width: int | None, generator: Generators, dtype: torch.dtype = torch.float32) -> torch.Tensor:

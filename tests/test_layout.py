@@ -23,13 +23,26 @@ def test_no_module_or_package_shadows_the_stdlib():
 
 
 def test_model_imports_no_ray_mlflow_or_pandas_and_its_core_no_transformers():
-    """model/ runs on a GPU machine with plain torch; transformers only in the export and the
-    benchmark's peers (model.export, bench), never in the networks and losses."""
-    for modules, banned in (("model", ("ray", "mlflow", "pandas", "transformers")),
+    """model/ runs on a GPU machine with plain torch; transformers only in the export, the checkpoint
+    conversion, their transformers classes and the benchmark's peers (model.export, model.convert,
+    model.hf_*, bench), never in the networks and losses (every other module of model/)."""
+    core = ", ".join(f"model.{p.stem}" for p in sorted((ROOT / "model").glob("*.py"))
+                     if p.stem not in ("__init__", "export", "convert", "hf_configuration", "hf_modeling"))
+    for modules, banned in ((f"model, {core}", ("ray", "mlflow", "pandas", "transformers")),
                             ("model, bench.cli, model.export", ("ray", "mlflow", "pandas"))):
         code = f"import sys, {modules}\nprint(sorted(m for m in {banned!r} if m in sys.modules))"
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "[]", (modules, out.stdout)
+
+
+def test_the_model_package_loads_each_name_on_first_use_and_its_config_needs_no_torch():
+    """`model` exports its names lazily, so `model.config` (a tokenizer's special ids, which Ray Data's
+    workers unpickle with a scheme) imports without torch; every exported name still loads."""
+    code = ("import sys, model.config\nprint('torch' in sys.modules)\nimport model\n"
+            "print([n for n in model.__all__ if getattr(model, n) is None], 'torch' in sys.modules)\n"
+            "print(hasattr(model, 'no_such_name'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:3] == ["False", "[] True", "False"], out.stdout + out.stderr
 
 
 def test_every_module_with_gpu_tests_is_collected_by_a_gpu_run():
@@ -168,9 +181,12 @@ def test_analysis_depends_on_jobs_and_never_the_reverse():
 
 
 def test_the_modules_ray_data_workers_import_stay_light():
-    """Every Ray Data worker imports jobs.data.stream and jobs.data.corpus for their UDFs: they must not
-    pull in tokenizer training or tracking (transformers, sentencepiece, mlflow: seconds per worker)."""
-    code = ("import sys, jobs.data.stream, jobs.data.corpus\n"
-            "print(sorted(m for m in ('transformers', 'sentencepiece', 'mlflow') if m in sys.modules))")
+    """Every Ray Data worker of a run imports the UDFs' modules (jobs.data.corpus, jobs.data.packing) and the
+    platform scheme it unpickles (jobs.data.tokens): they must not pull in torch, Ray Train, tokenizer
+    training or tracking (transformers, sentencepiece, mlflow: seconds per worker; torch and Ray Train
+    cost 2 s in each of the 4 workers of a 2-step run)."""
+    code = ("import sys, jobs.data.corpus, jobs.data.packing, jobs.data.tokens\n"
+            "print(sorted(m for m in ('torch', 'ray.train', 'transformers', 'sentencepiece', 'mlflow') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -23,7 +23,8 @@ from jobs.cli import UserError
 from jobs.data import corpus as corpus_module
 from jobs.data.config import DataConfig
 from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
-from jobs.data.stream import build_stream, corrupt, pack, pretraining_batches
+from jobs.data.packing import pack
+from jobs.data.stream import build_stream, corrupt, pretraining_batches
 from jobs.data.tokenizer import resolve_tokenizer
 from model.corruption import SpecialTokens
 

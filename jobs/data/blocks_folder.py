@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.corruption import SpecialTokens
+from model.config import SpecialTokens
 
 from jobs.cli import UserError
 

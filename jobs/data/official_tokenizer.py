@@ -27,7 +27,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from model.corruption import SpecialTokens
+from model.config import SpecialTokens
 from model.fairseq_dictionary import ALIASES, CLS, MASK, PAD, SEP, UNK, read_dictionary
 
 from jobs.data.tokens import DICTIONARY_FILE, MODEL_FILE, Scheme

@@ -9,8 +9,9 @@ of each batch is padded with [PAD] (0.3% of the positions on the shipped corpus 
 Documents are encoded by the tokenizer directory's scheme (`jobs.data.schemes`: the platform's
 tokenizer.json, or the authors' sp.model + dict.txt exactly as their tokenizer encodes), and
 [CLS], [SEP], [PAD] and [MASK] are that scheme's ids (`Stream.special`, passed on to `corrupt`).
-The scheme travels to the tasks pickled: this module, which every Ray Data worker imports, does not
-import the authors' scheme (sentencepiece); a run that encodes with it has its driver load it.
+The scheme travels to the tasks pickled, with the UDF's module (`jobs.data.packing`): what every Ray Data
+worker imports is numpy and the tokenizer alone, not this module (torch, Ray Train) and not the authors'
+scheme (sentencepiece), which a run that encodes with it has its driver load.
 
 Corruption (dynamic mask + crop, `model.corruption.make_pretraining_batch`) is applied per epoch
 on the consumer side, because an epoch number cannot reach a Ray Data UDF once Ray Train has split
@@ -61,8 +62,10 @@ import torch
 from jobs.cli import UserError
 from jobs.data.config import DataConfig
 from jobs.data.corpus import corpus_paths, expand_paths, read_documents
+from jobs.data.packing import tokenize_and_pack
 from jobs.data.tokens import PlatformScheme, scheme_of
-from model.corruption import SpecialTokens, make_pretraining_batch
+from model.config import SpecialTokens
+from model.corruption import make_pretraining_batch
 
 
 class Stream(NamedTuple):
@@ -92,32 +95,12 @@ def check_inputs(cfg: DataConfig, schemes: tuple[str, ...] = ("platform",)) -> N
                         f"jobs.pretraining --init-from their checkpoint)")
 
 
-def pack(documents: list[list[int]], seq_len: int, special: SpecialTokens = SpecialTokens()) -> np.ndarray:
-    """Pack token lists into (N, seq_len) int32 blocks: [CLS] + seq_len - 1 tokens of doc [SEP] doc [SEP] ..."""
-    body = seq_len - 1
-    lengths = [len(d) + 1 for d in documents]  # + [SEP]
-    stream = np.full(sum(lengths), special.sep, dtype=np.int32)
-    ends = np.cumsum(lengths)
-    for doc, end, length in zip(documents, ends, lengths):
-        stream[end - length : end - 1] = doc
-    n_blocks = -(-len(stream) // body)
-    padded = np.full(n_blocks * body, special.pad, dtype=np.int32)
-    padded[: len(stream)] = stream
-    cls = np.full((n_blocks, 1), special.cls, dtype=np.int32)
-    return np.concatenate([cls, padded.reshape(n_blocks, body)], axis=1)  # (N, T)
-
-
-def _tokenize_and_pack(batch: dict[str, np.ndarray], scheme, seq_len: int) -> dict[str, np.ndarray]:
-    """Ray Data UDF: documents -> packed blocks, with the scheme's ids and its [CLS], [SEP] and [PAD]."""
-    return {"input_ids": pack(scheme.batch_ids(list(batch["text"])), seq_len, scheme.special_tokens)}
-
-
 def build_stream(cfg: DataConfig, tokenizer_dir: Path, scheme=None) -> Stream:
     """The lazy dataset of packed blocks; nothing runs until it is iterated (or split by Ray Train).
     `tokenizer_dir` is `jobs.data.tokenizer.resolve_tokenizer(cfg)` and `scheme` the tokenizer it holds
     (`jobs.data.schemes.load_scheme`; None: its platform tokenizer.json), resolved by the caller so that
-    this module, which every Ray Data worker imports for its UDFs, imports no tokenizer training and no
-    authors' scheme (sentencepiece, transformers, mlflow)."""
+    the UDF's module (jobs.data.packing), which every Ray Data worker imports, imports no tokenizer
+    training and no authors' scheme (sentencepiece, transformers, mlflow)."""
     # The tokenizer travels with the task, pickled, not as a path: the driver's cache dir may not exist on the
     # node that runs it.
     scheme = scheme or PlatformScheme(tokenizer_dir)
@@ -131,7 +114,7 @@ def _packed(documents: ray.data.Dataset, cfg: DataConfig, scheme, seq_len: int) 
     """The documents in blocks of `seq_len`, in corpus order. A second length reads the corpus again (the skip
     counter sets each file's counts, so they are not doubled)."""
     blocks = documents.map_batches(
-        _tokenize_and_pack,
+        tokenize_and_pack,
         batch_size=cfg.pack_batch_docs,
         batch_format="numpy",
         num_cpus=cfg.data_cpus,

@@ -26,7 +26,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from model import PretrainingObjective, build_pretraining_model
-from model.corruption import SpecialTokens
+from model.config import SpecialTokens
 from model.encoder import attention_fallbacks, attention_ran, compile_encoders
 from model.objective import to_device
 from model.flops import device_peak_flops, step_flops

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from model.corruption import SpecialTokens
+from model.config import SpecialTokens
 
 from jobs.cli import UserError
 
