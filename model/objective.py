@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from . import losses
-from .config import ModelConfig, ObjectiveConfig
-from .corruption import (SpecialTokens, bert_mask_inputs, electra_generator_inputs, prediction_slots,
+from .config import ModelConfig, ObjectiveConfig, SpecialTokens
+from .corruption import (bert_mask_inputs, electra_generator_inputs, prediction_slots,
                          random_replacements, sample_replacements)
 from .encoder import Encoder
 from .heads import CLMHead, CopyHead, ElectraDiscriminatorHead, MLMHead, SCLHead

@@ -70,14 +70,14 @@ def _store_made_by_mlflow() -> Path:
     return database
 
 
-def empty_store(folder: Path, name: str = "mlflow.db") -> str:
-    """The URI of a new, empty MLflow sqlite store `folder/name`: a copy of the one MLflow made for the
+def empty_store(folder: Path) -> str:
+    """The URI of a new, empty MLflow sqlite store `folder/mlflow.db`: a copy of the one MLflow made for the
     session. A new store costs MLflow its whole chain of schema migrations, about 1 s (56 new stores took 54 s
     of the fast lane's 304 s); the copy holds the same tables at the same schema version, and everything
     after that is MLflow's own. Tests of how a store is made or refused make their own."""
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_store_made_by_mlflow(), folder / name)
-    return f"sqlite:///{folder / name}"
+    shutil.copyfile(_store_made_by_mlflow(), folder / "mlflow.db")
+    return f"sqlite:///{folder / 'mlflow.db'}"
 
 
 def fake_pretraining_run(client: MlflowClient, exp: str, variant: str, curves: dict[str, list[float]],
