@@ -190,3 +190,14 @@ def test_the_modules_ray_data_workers_import_stay_light():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_modules_a_tune_trial_actor_imports_stay_light():
+    """A new Ray Tune trial actor imports the module of everything it unpickles: the trainable (jobs.finetuning.actor),
+    the job's trial (trial.py, fewshot_trial.py), its name function (grid.py) and the PretrainedEncoder
+    (jobs.pretraining.pretrained). MLflow, transformers and the hub are the driver's: 3 s of every actor's start."""
+    code = ("import sys, jobs.finetuning.actor, jobs.finetuning.trial, jobs.finetuning.fewshot_trial, "
+            "jobs.finetuning.grid, jobs.pretraining.pretrained\n"
+            "print(sorted(m for m in ('mlflow', 'transformers', 'huggingface_hub') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

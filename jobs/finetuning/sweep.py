@@ -44,16 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ray
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from ray import tune
 from ray.tune import Result
 
 from jobs import tracking
 from jobs.cli import NON_NEGATIVE, UserError, option, parse_options
 from jobs.env import set_hermetic_env
-from jobs.pretraining.encoders import PretrainedEncoder, resolve_encoder
+from jobs.pretraining.encoders import resolve_encoder
+from jobs.pretraining.pretrained import PretrainedEncoder
 from jobs.finetuning.cost import gpu_hours_line
 from jobs.finetuning.encoding import EncodedTask, encode_task
 from jobs.finetuning.grid import MAX_LENGTH, Grid, available_grids, data_key, load_grid, trial_name
@@ -61,7 +60,7 @@ from jobs.finetuning.tables import SweepTables, log_tables, tabulate
 from jobs.finetuning.tasks import load_tasks
 from jobs.finetuning.tasks.subsets import label_subset, subsample
 from jobs.finetuning.tasks.task import Task
-from jobs.finetuning.trial import TrialConfig, fine_tune
+from jobs.finetuning.trial import tune_trial
 from jobs.finetuning.tune import CPUS_PER_TRIAL, GPUS_PER_TRIAL, MAX_FAILURES, ParentRun, run_trials
 from jobs.names import (CHECKPOINT_TAG, FINETUNING_EXPERIMENT, KIND_SWEEP, KIND_TAG, PRETRAINING_TAG, STUDY_TAGS,
                         TRIAL_TAG, fraction_target, split_fraction)
@@ -147,19 +146,6 @@ class SweepResult:
     run_id: str  # the parent MLflow run
     tables: SweepTables | None  # every trial, every grid point, the best points, the task table; None: a dry run
     trials_run: int = 0  # the trials this command ran (fewer than the tables hold when it resumed a parent)
-
-
-# ----------------------------------------------------------------------------- the trial (in a Tune actor)
-
-
-def tune_trial(config: dict[str, Any], data: dict[str, ray.ObjectRef], encoder: PretrainedEncoder) -> None:
-    """One fine-tuning run, each half-epoch evaluation reported. `data` maps data keys to object refs of
-    the encoded tasks: a trial fetches only its own."""
-    point = config["point"]
-    trial = TrialConfig(task=point["task"], lr=point["lr"], batch_size=point["batch_size"], epochs=point["epochs"],
-                        warmup=point["warmup"], seed=config["seed"])
-    result = fine_tune(trial, ray.get(data[data_key(point)]), encoder, on_eval=tune.report)
-    tune.report({**result.history[-1], **result.flat(), "done": 1, "trial_seconds": result.seconds})
 
 
 # ----------------------------------------------------------------------------- the sweep

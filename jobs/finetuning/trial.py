@@ -1,4 +1,5 @@
-"""One fine-tuning trial: plain PyTorch, callable without Ray (`fine_tune`), run by Ray Tune in a sweep.
+"""One fine-tuning trial: plain PyTorch, callable without Ray (`fine_tune`), run by Ray Tune in a sweep
+(`tune_trial`, in a trial actor: this module stays light, see `actor.py`).
 
 A trial is one (task, lr, batch size, epochs, warm-up, seed) (docs/method.md section 7.2): the pretrained main
 encoder plus the [CLS] head (the start/end head for SQuAD 2.0, section 7.6), AdamW (0.9, 0.98), eps 1e-6, weight decay 0.01, linear warm-up then
@@ -18,18 +19,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
+import ray
 import torch
 import torch.nn.functional as F
+from ray import tune
 
 from model import Encoder
 from model.classifier import SequenceClassifier, SpanExtractor
 from model.step import AdamW
 
-from jobs.pretraining.encoders import PretrainedEncoder
+from jobs.pretraining.pretrained import PretrainedEncoder
 from jobs.finetuning.encoding import EncodedSplit, EncodedTask, batches
 from jobs.finetuning.engine import Batch, Schedule, bf16_autocast, pick_device, train
+from jobs.finetuning.grid import data_key
 from jobs.finetuning.tasks.specs import SPAN_METRICS, TaskSpec, evaluate
 from jobs.finetuning.tasks.squad_eval import evaluate as squad_evaluate
 from jobs.finetuning.tasks.squad_windows import best_answers
@@ -187,3 +192,16 @@ def _eval_steps(steps_per_epoch: int, epochs: int, per_epoch: int) -> frozenset[
     """Optimizer steps after which dev is evaluated: every 1/per_epoch of an epoch, always at each epoch's end."""
     return frozenset(epoch * steps_per_epoch + max(1, round(k * steps_per_epoch / per_epoch))
                      for epoch in range(epochs) for k in range(1, per_epoch + 1))
+
+
+# ----------------------------------------------------------------------------- the trial (in a Tune actor)
+
+
+def tune_trial(config: dict[str, Any], data: dict[str, ray.ObjectRef], encoder: PretrainedEncoder) -> None:
+    """One fine-tuning run, each half-epoch evaluation reported. `data` maps data keys to object refs of
+    the encoded tasks: a trial fetches only its own."""
+    point = config["point"]
+    trial = TrialConfig(task=point["task"], lr=point["lr"], batch_size=point["batch_size"], epochs=point["epochs"],
+                        warmup=point["warmup"], seed=config["seed"])
+    result = fine_tune(trial, ray.get(data[data_key(point)]), encoder, on_eval=tune.report)
+    tune.report({**result.history[-1], **result.flat(), "done": 1, "trial_seconds": result.seconds})

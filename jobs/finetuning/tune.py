@@ -6,8 +6,8 @@ methods x learning rates x splits): how their trials are placed, run, retried an
 - **Resources** (`trial_resources`): `--cpus-per-trial` CPUs each, and `--gpus-per-trial` GPUs (by
   default `GPU_SHARE` where the cluster has GPUs, so four small fine-tunings share one). Ray hides
   every GPU a trial did not ask for (CUDA_VISIBLE_DEVICES), so a trial that asks for none runs on CPU.
-- **The trial** runs in a Tune actor: it fetches only its own data from the object store, uses as
-  many threads as it has CPUs, and passes the fault hook first (`jobs.faults`: tests make a named trial
+- **The trial** runs in a Tune actor (`actor.py`): it fetches only its own data from the object store, uses
+  as many threads as it has CPUs, and passes the fault hook first (`jobs.faults`: tests make a named trial
   fail its first attempts). A failed trial is retried `max_failures` times.
 - **MLflow** (`MlflowTrials`): the driver logs every trial attempt as a child run of the job's parent
   run from Tune callbacks, so trials on other nodes need no access to the store.
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from ray import tune
@@ -37,12 +36,12 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from jobs import faults, tracking
 from jobs.cli import NON_NEGATIVE, POSITIVE, option
-from jobs.pretraining.encoders import PretrainedEncoder
+from jobs.pretraining.pretrained import PretrainedEncoder
+from jobs.finetuning.actor import Trial, in_actor
 from jobs.names import ATTEMPT_TAG, ERROR_TAG, KIND_TAG, KIND_TRIAL, TRIAL_TAG
 from jobs.ray_session import init_ray
 
 GPU_SHARE = 0.25  # GPUs per trial by default where the cluster has them
-Trial = Callable[[dict[str, Any], dict[str, ray.ObjectRef], PretrainedEncoder], None]  # (config, data, encoder)
 
 # The options both jobs take, with one meaning.
 CPUS_PER_TRIAL = option("logical CPUs per trial", bounds=POSITIVE)
@@ -81,7 +80,7 @@ def run_trials(trial: Trial, *, data: dict[str, Any], encoder: PretrainedEncoder
     settings = {"threads": max(1, int(cpus_per_trial)), "inject_failures": faults.planned().trials,
                 "marker_dir": str(Path(storage) / run_name / "injected_failures")}
     trainable = tune.with_resources(tune.with_parameters(
-        _in_actor, trial=trial, name_of=name_of, data={key: ray.put(value) for key, value in data.items()},
+        in_actor, trial=trial, name_of=name_of, data={key: ray.put(value) for key, value in data.items()},
         encoder=encoder, settings=settings), resources)
     callback = MlflowTrials(parent, params_of, name_of, total=len(configs),
                             interrupt_after=faults.planned().interrupt_after_trials)
@@ -118,19 +117,6 @@ def listed_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _config_value(configs: list[dict[str, Any]], key: str, config: dict[str, Any]) -> Any:
     return configs[config["index"]][key]
-
-
-def _in_actor(config: dict[str, Any], trial: Trial, name_of: Callable[[dict[str, Any]], str],
-              data: dict[str, ray.ObjectRef], encoder: PretrainedEncoder, settings: dict[str, Any]) -> None:
-    """A Tune function trainable: the trial, with the actor's threads set and the fault hook passed first."""
-    torch.set_num_threads(settings["threads"])
-    maybe_inject_failure(name_of(config), settings)
-    trial(config, data, encoder)
-
-
-def maybe_inject_failure(name: str, settings: dict[str, Any]) -> None:
-    """Fault injection for tests (jobs.faults): the trial fails its first N attempts."""
-    faults.fail_first_attempts(Path(settings["marker_dir"]), name, settings["inject_failures"].get(name, 0))
 
 
 # ----------------------------------------------------------------------------- MLflow, from the driver

@@ -3,66 +3,30 @@ pretraining starts from (`--init-from`): a pretraining run in MLflow, a checkpoi
 the authors' released checkpoint directory or hub id (converted by `model.convert`, once per content).
 
 Resolved on the driver (`resolve_encoder`); trials receive the resulting `PretrainedEncoder` (weights as a
-state dict).
+state dict, `jobs/pretraining/pretrained.py`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from model import Encoder, EncoderConfig
-from model.classifier import lm_head, lm_head_parts, load_encoder, load_lm_head
+from model.classifier import lm_head_parts, load_encoder, load_lm_head
 from model.convert import ConversionError, content_key, from_official, is_official
 
 from jobs.cli import UserError
 from jobs.data.schemes import scheme_of
 from jobs.names import KIND_PRETRAINING, KIND_TAG
 from jobs.pretraining import checkpoint
+from jobs.pretraining.pretrained import PretrainedEncoder
 
 LATEST = "last"  # --from last: the newest finished pretraining run in the store
-
-
-@dataclass(frozen=True)
-class PretrainedEncoder:
-    """What every trial starts from. Weights travel as a state dict (Ray's object store), so trials
-    on other nodes need no shared file system; the tokenizer is used by the driver only."""
-
-    cfg: EncoderConfig
-    state: dict[str, torch.Tensor]
-    tokenizer_dir: Path
-    source: str  # what the user passed: a run id or a directory
-    pretraining_run: str = ""  # MLflow run id when known
-    preset: str = ""  # the pretraining preset when known (large++ selects the large++ learning rates)
-    variant: str = ""  # the pretraining variant when known
-    lm_head_kind: str = ""  # "clm" | "mlm" when the export kept its language-model head, else ""
-    lm_head_state: dict[str, torch.Tensor] | None = None
-    # A pretraining checkpoint's auxiliary, which continued pretraining starts from (`--init-from`), and the rule
-    # it was built by ({"aux_layers": ..., "aux_width_divisor": ...}); None where the source has none, or a frozen
-    # one (converged_aux: it has token embeddings of its own, not the main encoder's).
-    aux_state: dict[str, torch.Tensor] | None = None
-    aux_shape: dict[str, Any] | None = None
-
-    def build(self) -> Encoder:
-        encoder = Encoder(self.cfg)
-        encoder.load_state_dict(self.state, strict=True)
-        return encoder
-
-    def build_with_lm_head(self) -> tuple[Encoder, torch.nn.Module]:
-        """The encoder and its language-model head, tied to its token embeddings (prompt-based fine-tuning)."""
-        if self.lm_head_state is None:
-            raise UserError(f"{self.source}: no language-model head (variant {self.variant or 'unknown'} trains none)")
-        encoder = self.build()
-        return encoder, lm_head(self.lm_head_kind, encoder, self.lm_head_state)
 
 
 def latest_pretraining_run(client: MlflowClient) -> str:

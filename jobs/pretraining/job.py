@@ -44,7 +44,8 @@ from jobs.data.schemes import load_scheme
 from jobs.data.tokens import tokenizer_files
 from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options, redact
 from jobs.env import set_hermetic_env
-from jobs.pretraining.encoders import LATEST, PretrainedEncoder, latest_pretraining_run, resolve_encoder
+from jobs.pretraining.encoders import LATEST, latest_pretraining_run, resolve_encoder
+from jobs.pretraining.pretrained import PretrainedEncoder
 from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_EXPERIMENT, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import (PretrainConfig, available_presets, parse_overrides, resolve, to_yaml,
