@@ -2,8 +2,10 @@
 launch would meet, each as one `error:` line naming the file and the key; the Dockerfile's install is the
 pinned install CI makes in Python 3.11."""
 
+import contextlib
 import copy
 import gzip
+import io
 import hashlib
 import re
 import shlex
@@ -25,12 +27,18 @@ RAYJOB = yaml.safe_load((ROOT / "platform" / "kuberay" / "rayjob.yaml").read_tex
 
 
 def run(tmp_path, document, *flags, name="file.yaml"):
-    """The pre-flight on a copy of a document, as a user runs it: (exit status, its lines)."""
+    """The pre-flight on a copy of a document, its command line run in this process: (exit status, its lines).
+    The command itself, `python -m jobs.preflight`, runs in a process of its own in the tests of the shipped
+    files below; here each case saves that process's start."""
     path = tmp_path / name
     path.write_text(yaml.safe_dump(document))
-    result = subprocess.run([sys.executable, "-m", "jobs.preflight", *flags, str(path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    return result.returncode, (result.stdout + result.stderr).splitlines()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = preflight.main([*flags, str(path)])
+        except SystemExit as exit:  # argparse's usage errors
+            code = exit.code
+    return code, out.getvalue().splitlines()
 
 
 def refused(tmp_path, document, key, *flags):
