@@ -5,14 +5,11 @@ import logging
 import os
 import re
 import secrets
-import select
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -97,48 +94,6 @@ def _request(url: str, token: str | None = None, data: bytes | None = None) -> t
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_local_ray_started_by_a_job_refuses_its_job_api_to_requests_without_its_token(tmp_path):
-    """The Ray a job starts (jobs.ray_session.init_ray, with the dashboard, as the pretraining job starts
-    it) in a user's environment (no RAY_AUTH_MODE): a job submission without the token is refused (401)
-    and runs nothing, a wrong token too (403); with Ray's token the same API answers (200), and the
-    refused job is not among its jobs."""
-    code = ("import sys, ray\nfrom jobs.ray_session import init_ray\ninit_ray(num_cpus=1, dashboard=True)\n"
-            "print(ray._private.worker.get_dashboard_url(), flush=True)\nsys.stdin.read()\nray.shutdown()\n")
-    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="ra", dir="/tmp")}
-    for name in ("RAY_AUTH_MODE", "RAY_ADDRESS"):
-        env.pop(name, None)
-    planted = tmp_path / "planted"
-    with open(tmp_path / "ray.log", "w") as log:
-        ray_process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-    try:
-        ready, _, _ = select.select([ray_process.stdout], [], [], 240)
-        address = ray_process.stdout.readline().strip() if ready else ""
-        assert address, (tmp_path / "ray.log").read_text()[-3000:]
-        jobs_api = f"http://{address}/api/jobs/"
-        submission = json.dumps({"entrypoint": f"touch {planted}"}).encode()
-        assert _request(jobs_api, data=submission) == (401, "Unauthorized: Missing authentication token")
-        assert _request(jobs_api) == (401, "Unauthorized: Missing authentication token")
-        assert _request(jobs_api, token="0" * 64) == (403, "Forbidden: Invalid authentication token")
-        token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()  # Ray's token (tests/conftest.py)
-        status, body = _request(jobs_api, token=token)
-        assert status == 200  # accepted; and the refused submission never became a job
-        assert [job["type"] for job in json.loads(body)] == ["DRIVER"]  # only the process that started Ray
-        assert not planted.exists()
-    finally:
-        ray_process.stdin.close()
-        try:
-            ray_process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            ray_process.kill()
-            ray_process.wait()
-        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
-    # Ray's "token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out" is not passed on
-    assert "opt out" not in (tmp_path / "ray.log").read_text()
 
 
 def test_a_process_told_to_exit_during_garbage_collection_prints_no_traceback_but_real_ones_stay():
@@ -244,15 +199,15 @@ def test_a_job_started_directly_never_joins_the_ray_that_ray_start_left_running(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# Each process starts its job's Ray, waits until the test says both are up, then asks Ray's state API about
-# an actor from a worker (what Ray Train's placement-group cleaner does every few seconds) and from the
-# driver (Ray Data's hang detector).
+# Each process starts its job's Ray, says where its dashboard is, waits until the test says both are up, then
+# asks Ray's state API about an actor from a worker (what Ray Train's placement-group cleaner does every few
+# seconds) and from the driver (Ray Data's hang detector).
 TWO_JOBS = """
 import sys, ray
 from ray.util.state import get_actor
 from jobs.ray_session import init_ray
 init_ray(num_cpus=1, dashboard=True)
-print('up', flush=True)
+print('up', ray._private.worker.get_dashboard_url(), flush=True)
 sys.stdin.readline()
 
 @ray.remote(num_cpus=0)
@@ -274,19 +229,38 @@ ray.shutdown()
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_jobs_started_at_once_each_keep_to_their_own_ray(tmp_path):
+def test_two_jobs_started_at_once_each_keep_to_their_own_ray_whose_job_api_refuses_requests_without_its_token(
+        tmp_path):
+    """Two jobs start their Rays at once (jobs.ray_session.init_ray, with the dashboard, as the pretraining job
+    starts it) in a user's environment (no RAY_AUTH_MODE, no RAY_ADDRESS).
+
+    While both are up, the first one's job API: a job submission without the token is refused (401) and runs
+    nothing, a wrong token too (403); with Ray's token the same API answers (200), and the refused job is not
+    among its jobs. Then each job's worker and driver ask Ray's state API, and get their own Ray's answer."""
     env = {**os.environ}
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_API_SERVER_ADDRESS"):
         env.pop(name, None)
     jobs = [_own_process(TWO_JOBS, env, stdin=subprocess.PIPE) for _ in range(2)]
-    logs = ["", ""]
+    logs, dashboards = ["", ""], ["", ""]
+    planted = tmp_path / "planted"
     try:
         for i, job in enumerate(jobs):  # both Rays up before either asks
             for line in job.stdout:
                 logs[i] += line
-                if line.strip() == "up":
+                if line.startswith("up "):
+                    dashboards[i] = line.split()[1]
                     break
-            assert "up" in logs[i].split(), logs[i][-3000:]
+            assert dashboards[i], logs[i][-3000:]
+        jobs_api = f"http://{dashboards[0]}/api/jobs/"
+        submission = json.dumps({"entrypoint": f"touch {planted}"}).encode()
+        assert _request(jobs_api, data=submission) == (401, "Unauthorized: Missing authentication token")
+        assert _request(jobs_api) == (401, "Unauthorized: Missing authentication token")
+        assert _request(jobs_api, token="0" * 64) == (403, "Forbidden: Invalid authentication token")
+        token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()  # Ray's token (tests/conftest.py)
+        status, body = _request(jobs_api, token=token)
+        assert status == 200  # accepted; and the refused submission never became a job
+        assert [job["type"] for job in json.loads(body)] == ["DRIVER"]  # only the process that started Ray
+        assert not planted.exists()
         for job in jobs:
             job.stdin.write("go\n")
             job.stdin.flush()
@@ -299,6 +273,8 @@ def test_two_jobs_started_at_once_each_keep_to_their_own_ray(tmp_path):
     for log in logs:
         assert "worker ALIVE driver ALIVE" in log, log[-3000:]
         assert "Found multiple active Ray instances" not in log and "Traceback" not in log, log[-3000:]
+        # Ray's "token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out" is not passed on
+        assert "opt out" not in log
 
 
 def test_a_missing_ray_tmpdir_is_made_owner_only(monkeypatch):
