@@ -1,5 +1,6 @@
 """The repository layout guards of docs/design.md section 1: platform/ holds no Python; no module shadows the stdlib."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -149,8 +150,6 @@ def test_every_measurement_folder_is_in_the_index():
 def test_every_module_imports_at_the_top():
     """Dependencies are visible at the top of each file: only the optional packages (datasets for GLUE
     from the hub, matplotlib for figures) are imported inside functions."""
-    import ast
-
     optional = {"datasets", "matplotlib"}
     inside = []
     for path in sorted(p for package in ("model", "jobs", "analysis") for p in (ROOT / package).rglob("*.py")):
@@ -170,8 +169,6 @@ def test_every_module_imports_at_the_top():
 
 def test_analysis_depends_on_jobs_and_never_the_reverse():
     """The data flows corpus -> stream -> pretraining -> checkpoint -> fine-tuning -> analysis."""
-    import ast
-
     for path in (ROOT / "jobs").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -185,19 +182,22 @@ def test_the_modules_ray_data_workers_import_stay_light():
     platform scheme it unpickles (jobs.data.tokens): they must not pull in torch, Ray Train, tokenizer
     training or tracking (transformers, sentencepiece, mlflow: seconds per worker; torch and Ray Train
     cost 2 s in each of the 4 workers of a 2-step run)."""
-    code = ("import sys, jobs.data.corpus, jobs.data.packing, jobs.data.tokens\n"
-            "print(sorted(m for m in ('torch', 'ray.train', 'transformers', 'sentencepiece', 'mlflow') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert heavy_imports_of(["jobs.data.corpus", "jobs.data.packing", "jobs.data.tokens"],
+                            ["torch", "ray.train", "transformers", "sentencepiece", "mlflow"]) == []
 
 
 def test_the_modules_a_tune_trial_actor_imports_stay_light():
     """A new Ray Tune trial actor imports the module of everything it unpickles: the trainable (jobs.finetuning.actor),
     the job's trial (trial.py, fewshot_trial.py), its name function (grid.py) and the PretrainedEncoder
     (jobs.pretraining.pretrained). MLflow, transformers and the hub are the driver's: 3 s of every actor's start."""
-    code = ("import sys, jobs.finetuning.actor, jobs.finetuning.trial, jobs.finetuning.fewshot_trial, "
-            "jobs.finetuning.grid, jobs.pretraining.pretrained\n"
-            "print(sorted(m for m in ('mlflow', 'transformers', 'huggingface_hub') if m in sys.modules))")
+    assert heavy_imports_of(["jobs.finetuning.actor", "jobs.finetuning.trial", "jobs.finetuning.fewshot_trial",
+                             "jobs.finetuning.grid", "jobs.pretraining.pretrained"],
+                            ["mlflow", "transformers", "huggingface_hub"]) == []
+
+
+def heavy_imports_of(modules: list[str], heavy: list[str]) -> list[str]:
+    """Which of `heavy` a fresh Python has imported once it imported `modules`: what a Ray worker that
+    unpickles objects of those modules pays for at its start."""
+    code = f"import sys, {', '.join(modules)}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    return ast.literal_eval(out.stdout.strip())
