@@ -171,18 +171,37 @@ def random_batch(batch: int, seq_len: int, vocab_size: int, crop_fraction: float
 def sample_replacements(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per masked position from softmax(logits) at temperature 1, computed in fp32. (N, V) -> (N,)
 
+    Inverse-CDF sampling, one uniform per row: torch.multinomial draws an exponential per vocabulary
+    entry (N x V of them), 8% of a study-cpu COCO-LM step on a CPU. A token of probability 0 adds
+    nothing to the CDF, so no u lands on it.
+    """
+    cdf = replacement_cdf(logits)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+
+
+@torch.library.custom_op("cocolm::replacement_cdf", mutates_args=())
+def replacement_cdf(logits: torch.Tensor) -> torch.Tensor:
+    """The running sum of softmax(logits) along each row, in fp32. (N, V) -> (N, V)
+
+    An op the compiler does not look into: compiled, the cumsum would be inductor's scan, which it
+    splits over V when there are few rows (N of 80 in a B 4, T 128 batch), and torch 2.11's inductor (the
+    GPU machines') cannot generate that split scan's loads, so the whole-step compile failed; the
+    auxiliary's accuracy argmax fused into it failed the same way. Here aten computes the CDF, compiled
+    or not, so the draws are eager's.
+
     Non-finite logits (a diverged auxiliary) are made finite first: the draw would otherwise be
     meaningless (NaN probabilities) before the step's loss exists. The same logits make the auxiliary's
     loss non-finite, so the training loop's one non-finite check stops the run with its own message.
     """
     finite = torch.finfo(torch.float32).max / 2
     probs = torch.softmax(logits.float().nan_to_num(nan=0.0, posinf=finite, neginf=-finite), dim=-1)
-    # Inverse-CDF sampling, one uniform per row: torch.multinomial draws an exponential per vocabulary
-    # entry (N x V of them), 8% of a study-cpu COCO-LM step on a CPU. A token of probability 0 adds
-    # nothing to the CDF, so no u lands on it.
-    cdf = probs.cumsum(-1)
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    return probs.cumsum(-1)
+
+
+@replacement_cdf.register_fake
+def _(logits: torch.Tensor) -> torch.Tensor:
+    return logits.new_empty(logits.shape, dtype=torch.float32)
 
 
 def random_replacements(

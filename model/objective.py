@@ -141,21 +141,6 @@ def scatter(x: torch.Tensor, index: torch.Tensor, values: torch.Tensor, valid: t
     return flat.index_copy(0, index, values).view_as(x)
 
 
-@torch.library.custom_op("cocolm::argmax_apart", mutates_args=())
-def argmax_apart(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(-1)`, as an op the compiler cannot fuse with others. The auxiliary's accuracy takes
-    the argmax of the same (N, V) logits the sampler takes its cumsum of, and the two are independent:
-    torch 2.11's inductor (the GPU machines') fuses them into one split-scan kernel, for which it
-    cannot generate a reduction ('NYI TritonSplitDimKernel reductions'), and the whole-step compile
-    fails; an opaque op is a kernel of its own. The sampler's draws are untouched."""
-    return logits.argmax(-1)
-
-
-@argmax_apart.register_fake
-def _(logits: torch.Tensor) -> torch.Tensor:
-    return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
-
-
 def _mean(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of a possibly empty selection (of its `valid` slots when given): NaN when empty, so an
     absent signal is never read as 0."""
@@ -312,7 +297,7 @@ class PretrainingObjective(nn.Module):
             else:
                 sample_logits = train_logits.detach()
             # at the [MASK] inputs only, as roberta_mlm's: where the input shows the answer, copying it is no MLM
-            correct = argmax_apart(sample_logits) == targets
+            correct = sample_logits.argmax(-1) == targets
             out.aux_mlm_accuracy = (_mean(correct, valid) if read_mask is None
                                     else losses.masked_mean(correct, _both(read_mask, valid)))
             return sample_replacements(sample_logits, generator)
