@@ -60,7 +60,7 @@ def _bench(*flags: str) -> tuple[str, ...]:
 # on a CPU they run it under the interpreter), the step against the ELECTRA peer with the paper's
 # attention dropout (per layer compiled, then the whole step as CUDA graphs), SDPA's step for 'auto';
 # then the marked GPU tests, the fast setting (no attention dropout), the remaining peers. The caps add
-# up to about 18 minutes: the default budget runs the first six or seven, `--budget 1100` all of them.
+# up to about 19 minutes: the default budget runs the first six or seven, `--budget 1200` all of them.
 PLAN = (
     Check("attention-alone-dropout0.1", _bench("--attention-alone", "--profile", "--steps", "30"), 60),
     Check("tests-triton-kernel", (*PYTEST, "tests/test_triton_attention.py"), 100),
@@ -71,7 +71,8 @@ PLAN = (
                                                            "reduce-overhead", "--attention", "triton", "--peer",
                                                            "hf-electra"), 170),
     Check("step-dropout0.1-sdpa", _bench("--compile", "--attention", "sdpa"), 70),
-    Check("tests-gpu-marked", (*PYTEST, "-m", "gpu"), 100),
+    # 90 s on an H200 with 8 workers, two of its tests failing early; passing, they train 5 compiled steps
+    Check("tests-gpu-marked", (*PYTEST, "-m", "gpu"), 180),
     Check("step-dropout0.1-compiled-whole", _bench("--fixed-shapes", "--compile-step", "default",
                                                    "--attention", "triton"), 110),
     Check("attention-alone-dropout0", _bench("--attention-alone", *NO_DROPOUT, "--steps", "30"), 50),
