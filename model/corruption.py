@@ -186,9 +186,9 @@ def replacement_cdf(logits: torch.Tensor) -> torch.Tensor:
 
     An op the compiler does not look into: compiled, the cumsum would be inductor's scan, which it
     splits over V when there are few rows (N of 80 in a B 4, T 128 batch), and torch 2.11's inductor (the
-    GPU machines') cannot generate that split scan's loads, so the whole-step compile failed; the
-    auxiliary's accuracy argmax fused into it failed the same way. Here aten computes the CDF, compiled
-    or not, so the draws are eager's.
+    GPU machines') cannot generate a split scan, neither its loads nor the auxiliary's accuracy argmax
+    fused into it: the whole-step compile would stop there (docs/design.md section 7.3). Here aten
+    computes the CDF, compiled or not, so the draws are eager's.
 
     Non-finite logits (a diverged auxiliary) are made finite first: the draw would otherwise be
     meaningless (NaN probabilities) before the step's loss exists. The same logits make the auxiliary's
