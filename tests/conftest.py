@@ -158,14 +158,18 @@ def start_the_suites_ray() -> None:
     no_hang_detector()
 
 
+SUITES_RAY = pytest.StashKey[bool]()  # whether ray_local started the suite's Ray in this process
+
+
 @pytest.fixture(scope="session")
-def ray_local():
+def ray_local(request):
     """The suite's local Ray (start_the_suites_ray), shared by every test that needs Ray."""
     import ray
 
     started = not ray.is_initialized()
     if started:
         start_the_suites_ray()
+        request.config.stash[SUITES_RAY] = True
     yield ray
     if started:
         ray.shutdown()
@@ -177,9 +181,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     first; the suite's Ray starts again once that test's fixtures are torn down (its RAY_ADDRESS with
     them), before the next test, so such a test may run anywhere in the order. Such tests end only the
     processes they started (helpers.stop_processes_under), never with `ray stop`, which ends every Ray of
-    this user on the machine. The suite's Ray was running if the test used ray_local (tokenizer_dir does)."""
+    this user on the machine."""
     result = yield
-    if nextitem is not None and item.get_closest_marker("ray_cluster") and "ray_local" in item.fixturenames:
+    if nextitem is not None and item.get_closest_marker("ray_cluster") and item.config.stash.get(SUITES_RAY, False):
         import ray
 
         if not ray.is_initialized():
