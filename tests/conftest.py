@@ -61,9 +61,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def share_the_cpus_among_workers() -> None:
     """Under pytest-xdist (`-n 2`, the README's test command), each worker's torch, and every process it
     starts (Ray's workers too: Ray keeps a thread count they inherit), runs its share of the machine's
-    cores in threads. Each would otherwise run as many threads as there are cores, twice as many as the
-    cores in all: on the 2-core CI machine the toy GPU plan's test took 197 s so, and 114 s with one
-    thread per worker (the whole suite 913 s and 837 s)."""
+    cores in threads. Each would otherwise run as many threads as there are cores, and OpenMP threads
+    that spin while another process holds the core made torch's heaviest tests three times slower on
+    the 2-core CI machine."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
