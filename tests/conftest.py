@@ -55,6 +55,45 @@ def pytest_configure(config: pytest.Config) -> None:
     # second on average; the suite runs about 25 (measured: a 2-step run 1.3 s shorter at 0.5 s). Set before
     # any Ray starts: its workers, the controller among them, inherit it.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    share_the_cpus_among_workers()
+
+
+def share_the_cpus_among_workers() -> None:
+    """Under pytest-xdist (`-n 2`, the README's test command), each worker's torch, and every process it
+    starts (Ray's workers too: Ray keeps a thread count they inherit), runs its share of the machine's
+    cores in threads. Each would otherwise run as many threads as there are cores, twice as many as the
+    cores in all: on the 2-core CI machine the toy GPU plan's test took 197 s so, and 114 s with one
+    thread per worker (the whole suite 913 s and 837 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# Under `pytest -n 2` (pytest-xdist; the README's test command) a test goes to whichever worker is free,
+# except the tests of these files, which go to one worker together: their kernel tests run in one child
+# pytest under Triton's interpreter (tests/interpreter.py) started by each worker that runs any of them,
+# and a child takes about a minute.
+ONE_WORKER_FILES = frozenset({"test_triton_attention.py", "test_attention_fallback.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's scheduling by scope, a scope being a file of ONE_WORKER_FILES or else a single test.
+    Its own `--dist loadgroup` would do it with marks, but does not group on pytest 9.2
+    (pytest-dev/pytest-xdist#1386: the group is added to a node id that pytest no longer lets change).
+    Another `--dist` mode asked for on the command line is kept."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerPerFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).name in ONE_WORKER_FILES else nodeid
+
+    return OneWorkerPerFile(config, log)
 
 
 # The modules holding `gpu` tests. They import only torch, transformers and the model package, so
@@ -69,10 +108,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests that start a whole Ray cluster of their own run last: they shut the suite's in-process Ray
-    # down first. They end only the processes they started (helpers.stop_processes_under), never with
-    # `ray stop`, which ends every Ray of this user on the machine.
-    items.sort(key=lambda item: item.get_closest_marker("ray_cluster") is not None)
+    # The end-to-end tests (marked slow) first: under `pytest -n 2` the long ones then run beside each other
+    # and the short ones fill the end, instead of a long one started last running alone.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     # The one place GPU tests are selected: `-m gpu` runs them on a CUDA machine; elsewhere they skip.
     import torch
 
@@ -104,27 +142,55 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path / "home"
 
 
-@pytest.fixture(scope="session")
-def ray_local():
-    """A local Ray with RAY_TEST_CPUS logical CPUs, shared by every test that needs Ray."""
+def start_the_suites_ray() -> None:
+    """A local Ray with RAY_TEST_CPUS logical CPUs, started as a job starts its own
+    (jobs.ray_session.start_own_ray): address="local", never a Ray that `ray start` on this machine recorded
+    (another user's, or a test's own; docs/design.md section 8); a private temporary folder; workers told
+    which Ray is theirs, so Ray's state API in them (Ray Train's placement-group cleaner) works beside
+    another Ray on the machine: a study's, another suite's, a `ray start` test's.
+
+    With its dashboard on 127.0.0.1, as the pretraining job starts its Ray (jobs/pretraining/job.py): the
+    state API is served by the dashboard, and a Ray without one still records the dashboard's default
+    address (127.0.0.1:8265) for its workers to ask. Whichever other Ray on the machine listens there
+    (another pytest worker's study) then answers, knows no such Train controller, and the cleaner removes
+    a live run's placement group: its workers die and the run restarts (seen under `-n 2`)."""
     import ray
 
     from jobs.ray_session import TEMP_PREFIX, no_hang_detector, temp_parent, worker_setup_hook
 
+    ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=True, dashboard_host="127.0.0.1",
+             log_to_driver=False, _temp_dir=tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=temp_parent()),
+             runtime_env={"worker_process_setup_hook": worker_setup_hook()})
+    no_hang_detector()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """The suite's local Ray (start_the_suites_ray), shared by every test that needs Ray."""
+    import ray
+
     started = not ray.is_initialized()
     if started:
-        # As a job starts its own Ray (jobs.ray_session.start_own_ray): address="local", never a Ray that
-        # `ray start` on this machine recorded (another user's, or a test's own; docs/design.md section 8);
-        # a private temporary folder; workers told which Ray is theirs, so Ray's state API in them (Ray
-        # Train's placement-group cleaner) works beside another Ray on the machine: a study's, another
-        # suite's, a `ray start` test's.
-        ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=temp_parent()),
-                 runtime_env={"worker_process_setup_hook": worker_setup_hook()})
-        no_hang_detector()
+        start_the_suites_ray()
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test that starts a whole Ray cluster of its own (marked ray_cluster) shuts the suite's Ray down
+    first; the suite's Ray starts again once that test's fixtures are torn down (its RAY_ADDRESS with
+    them), before the next test, so such a test may run anywhere in the order. Such tests end only the
+    processes they started (helpers.stop_processes_under), never with `ray stop`, which ends every Ray of
+    this user on the machine. The suite's Ray was running if the test used ray_local (tokenizer_dir does)."""
+    result = yield
+    if nextitem is not None and item.get_closest_marker("ray_cluster") and "ray_local" in item.fixturenames:
+        import ray
+
+        if not ray.is_initialized():
+            start_the_suites_ray()
+    return result
 
 
 @pytest.fixture(scope="session")

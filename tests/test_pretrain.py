@@ -531,7 +531,8 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
 
     The README's `ray stop` ends every Ray of this user on the machine (a study beside the suite's too: one
     was lost so), so the test ends only the Ray it started, by its folder. It shuts down the suite's
-    in-process Ray first and runs last (conftest): the cluster it starts takes the machine's CPUs.
+    in-process Ray first (it starts again after the test: ray_cluster, conftest): the cluster it starts takes
+    the machine's CPUs.
     """
     import ray
 
@@ -598,7 +599,7 @@ def test_two_workers_lose_a_node_resume_on_the_other_lower_the_loss_and_log_ever
     import transformers
     from ray.cluster_utils import Cluster
 
-    ray.shutdown()  # the suite's local Ray; this test joins a cluster of its own (ray_cluster: runs last)
+    ray.shutdown()  # the suite's local Ray (started again after the test: ray_cluster); this joins a cluster of its own
     # Ray Train's restart decides its size from the autoscaler's view of the cluster, which keeps a lost node
     # a while after Ray knows it dead: it asks for 2 workers, and waits for their placement group until this
     # timeout (it bounds that wait alone, not the workers' start; a controller error, retried without limit),
