@@ -152,8 +152,8 @@ def start_the_suites_ray() -> None:
     With its dashboard on 127.0.0.1, as the pretraining job starts its Ray (jobs/pretraining/job.py): the
     state API is served by the dashboard, and a Ray without one still records the dashboard's default
     address (127.0.0.1:8265) for its workers to ask. Whichever other Ray on the machine listens there
-    (another pytest worker's study) then answers, knows no such Train controller, and the cleaner removes
-    a live run's placement group: its workers die and the run restarts (seen under `-n 2`)."""
+    (under `-n 2`, the other pytest worker's study or job) would answer that it knows no such Train
+    controller, and the cleaner would remove a live run's placement group: its workers die, the run restarts."""
     import ray
 
     from jobs.ray_session import TEMP_PREFIX, no_hang_detector, temp_parent, worker_setup_hook
