@@ -107,10 +107,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def start_order(item: pytest.Item) -> tuple[bool, float]:
+    """The end-to-end tests (marked slow) first, the longest first (`slow(seconds=N)`: serial seconds on the
+    2-core machine): under `pytest -n 2` a worker takes the next test when it is free, so the longest run
+    beside each other from the start and the short ones fill the end, instead of a long one started late
+    running alone at the end. (xdist starts the files of ONE_WORKER_FILES before them: it orders its
+    scopes by their number of tests.)"""
+    slow = item.get_closest_marker("slow")
+    return slow is None, -(slow.kwargs.get("seconds", 0) if slow else 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The end-to-end tests (marked slow) first: under `pytest -n 2` the long ones then run beside each other
-    # and the short ones fill the end, instead of a long one started last running alone.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=start_order)
     # The one place GPU tests are selected: `-m gpu` runs them on a CUDA machine; elsewhere they skip.
     import torch
 

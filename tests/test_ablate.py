@@ -105,7 +105,7 @@ def test_the_time_a_study_has_left_counts_each_unit_at_its_variants_pace():
     assert minutes_left(took, [("electra", 25.0)], [], 1) == 0.0  # a unit past its variant's pace: none left, not less
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=106)
 @pytest.mark.timeout(1500)
 def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_local, tokenizer_dir, small_corpus,
                                                                            tmp_path, monkeypatch, capsys):
@@ -214,7 +214,7 @@ def test_concurrent_runs_refuse_a_ray_too_small_for_their_streams(ray_local, tmp
     assert "MLflow run" not in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=54)
 @pytest.mark.timeout(900)
 def test_two_runs_go_at_once_on_the_studys_own_ray(tokenizer_dir, small_corpus, tmp_path):
     """--concurrent-runs 2 in a process of its own (its own Ray, started with 4 logical CPUs): both runs

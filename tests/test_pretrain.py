@@ -410,7 +410,7 @@ def checkpoint_recorded(storage: Path, step: int) -> bool:
     return any(name in p.read_text() for p in storage.glob("*/checkpoint_manager_snapshot.json"))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=74)
 @pytest.mark.timeout(900)
 def test_a_killed_run_resumes_in_the_same_mlflow_run_and_recovers_from_an_injected_worker_failure(
         ray_local, tokenizer_dir, small_corpus, home, monkeypatch):
@@ -523,7 +523,7 @@ def _status_without_token(url: str, timeout: float = 60) -> int:
             time.sleep(1)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=54)
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
 def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
@@ -581,7 +581,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
     assert finished.data.tags["git_commit"] == git_commit(ROOT) != "unknown"  # the copy Ray ran had no .git
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=131)
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
 def test_two_workers_lose_a_node_resume_on_the_other_lower_the_loss_and_log_every_signal(tokenizer_dir, small_corpus,

@@ -169,7 +169,7 @@ def readme_command(pattern: str) -> list[str]:
     return [sys.executable, *argv[1:]]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=77)
 @pytest.mark.timeout(900)
 def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tmp_path):
     """In a fresh folder, as a user in a clone runs them (outputs under work/), one after the other."""
