@@ -4,11 +4,13 @@ What tests share that is not a fixture lives in helpers.py."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import secrets
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -201,13 +203,34 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     return result
 
 
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """A folder `make` fills once for the whole test run. Under `pytest -n 2` the first worker to ask makes
+    it in the run's temporary folder that both workers share, while the other waits on a lock; then
+    both read it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    folder = tmp_path_factory.getbasetemp().parent / name
+    with open(folder.with_name(name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".made").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / ".made").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(ray_local, tmp_path_factory) -> Path:
-    """A 1000-piece uncased SentencePiece BPE tokenizer trained once on the shipped corpus."""
+    """A 1000-piece uncased SentencePiece BPE tokenizer trained once on the shipped corpus (once for both
+    workers under `-n 2`: about 10 s each time)."""
     from jobs.data.corpus import shipped_corpus
     from jobs.data.tokenizer import train_tokenizer
 
-    return train_tokenizer(shipped_corpus(), vocab_size=1000, out_dir=tmp_path_factory.mktemp("tokenizer"))
+    return made_once(tmp_path_factory, "tokenizer",
+                     lambda folder: train_tokenizer(shipped_corpus(), vocab_size=1000, out_dir=folder))
 
 
 @pytest.fixture(scope="session")
