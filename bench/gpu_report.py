@@ -90,9 +90,8 @@ def toy(check: Check) -> Check:
     """The same check at toy shapes on the CPU: the bench's shape flags replaced, the compiler on
     aot_eager; pytest only collects (the suite runs these tests on the CPU anyway). A cap is the GPU's
     time for the check: on a busy 2-core CPU the toy attention-ops check took 26 s of its 30, so a toy
-    check gets TOY_CAP_S. That bounds a hung check, not a slow machine's: in the suite under `pytest -n 2`
-    (two halves of the plan beside another test, three processes on 2 cores) the slowest toy check took
-    99 s on a Zen 4, about 250 s on an AVX2-only Zen 3, 2.5 times slower."""
+    check gets TOY_CAP_S. That bounds a hung check, not a slow machine's: beside other work on a busy
+    2-core Zen 4 a toy check took up to 99 s, which is about 250 s on an AVX2-only Zen 3, 2.5 times slower."""
     if check.argv[0] == "pytest":
         return Check(check.name, (*check.argv, "--collect-only"), TOY_CAP_S)
     argv, flags = [], iter(check.argv[1:])
