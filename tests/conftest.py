@@ -212,13 +212,14 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
         make(folder)
         return folder
     folder = tmp_path_factory.getbasetemp().parent / name
+    made = folder.with_name(name + ".made")  # beside the folder: tests list what the folder holds
     with open(folder.with_name(name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".made").exists():
+        if not made.exists():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
             make(folder)
-            (folder / ".made").touch()
+            made.touch()
     return folder
 
 
