@@ -30,6 +30,25 @@ if TYPE_CHECKING:
 
 GPU_TEST_MODULES = ("test_attention.py", "test_flex_attention.py", "test_compile.py", "test_step.py")
 
+# Ray settings of the suite's own (tests/conftest.py sets them before any Ray starts, and every Ray a test
+# starts inherits them), not a user's: a test that checks what a user sees drops them (as_a_users_shell).
+# The suite runs some forty Ray Train and Tune runs; three tiny runs took 99 core-seconds with Ray's
+# defaults and 83 with these.
+SUITE_RAY_ENV = {
+    # Ray kills an idle worker process above its soft limit (the CPU count) after 1 s and boots another,
+    # about 1.3 core-seconds, for the next task; a run's stages (the stream's fractional-CPU tasks, then
+    # its actors) keep asking for them.
+    "RAY_idle_worker_killing_time_threshold_ms": "60000",
+    # Ray Train's PreemptionWatcher: an actor per run waiting for spot-node preemption notices, which a
+    # local Ray never gets.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+def as_a_users_shell(env: dict[str, str]) -> dict[str, str]:
+    """`env` without SUITE_RAY_ENV: for a Ray a test starts to show what a user's shows."""
+    return {key: value for key, value in env.items() if key not in SUITE_RAY_ENV}
+
 
 def preset_configs(preset: str, variant_name: str = "cocolm") -> tuple[ModelConfig, ObjectiveConfig, float]:
     """A preset's model and objective with a variant applied, and its crop fraction, as the pretraining job

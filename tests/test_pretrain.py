@@ -20,7 +20,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from helpers import free_ports, stop_processes_under
+from helpers import as_a_users_shell, free_ports, stop_processes_under
 from jobs import faults
 from jobs.cli import UserError
 from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, PRECISION_TAG, STOP_TAG
@@ -539,7 +539,8 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
     ray.shutdown()
     ray_bin = Path(sys.executable).parent / "ray"
     # As the README's shell: RAY_AUTH_MODE=token exported (the token is the suite's, tests/conftest.py).
-    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp"), "RAY_AUTH_MODE": "token"}
+    env = as_a_users_shell({**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp"),
+                            "RAY_AUTH_MODE": "token"})
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_DATA_DISABLE_PROGRESS_BARS", None)  # as a user's shell has it: the job must quiet Ray Data itself
     # Ports of its own where Ray's are fixed (GCS 6379, dashboard 8265, its agent 52365, Ray Client 10001):

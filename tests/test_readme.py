@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import as_a_users_shell
+
 ROOT = Path(__file__).resolve().parents[1]
 # The README and the reference pages its journeys link: their commands are checked alike.
 DOCUMENTS = ("README.md", "docs/pretraining.md", "docs/finetuning.md", "docs/studies.md", "docs/gpu.md",
@@ -173,8 +175,8 @@ def readme_command(pattern: str) -> list[str]:
 @pytest.mark.timeout(900)
 def test_the_short_cpu_commands_run_as_written_and_print_what_the_readme_says(tmp_path):
     """In a fresh folder, as a user in a clone runs them (outputs under work/), one after the other."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COCOLM_HOME": str(tmp_path / "home"),
-           "COCOLM_CACHE": str(tmp_path / "cache")}
+    env = as_a_users_shell({**os.environ, "PYTHONPATH": str(ROOT), "COCOLM_HOME": str(tmp_path / "home"),
+                            "COCOLM_CACHE": str(tmp_path / "cache")})
 
     def run(pattern: str) -> str:
         result = subprocess.run(readme_command(pattern), cwd=tmp_path, env=env, capture_output=True, text=True,
