@@ -32,8 +32,8 @@ GPU_TEST_MODULES = ("test_attention.py", "test_flex_attention.py", "test_compile
 
 # Ray settings of the suite's own (tests/conftest.py sets them before any Ray starts, and every Ray a test
 # starts inherits them), not a user's: a test that checks what a user sees drops them (as_a_users_shell).
-# The suite runs some forty Ray Train and Tune runs; three tiny runs took 99 core-seconds with Ray's
-# defaults and 83 with these.
+# The suite starts dozens of Ray Train and Tune runs; three tiny pretraining runs took 99 core-seconds with
+# Ray's defaults and 83 with these.
 SUITE_RAY_ENV = {
     # Ray kills an idle worker process above its soft limit (the CPU count) after 1 s and boots another,
     # about 1.3 core-seconds, for the next task; a run's stages (the stream's fractional-CPU tasks, then
