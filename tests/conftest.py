@@ -203,13 +203,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
     """A folder `make` fills once for the whole test run. Under `pytest -n 2` the first worker to ask makes
-    it in the run's temporary folder that both workers share, while the other waits on a lock; then
-    both read it."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.mktemp(name)
-        make(folder)
-        return folder
-    folder = tmp_path_factory.getbasetemp().parent / name
+    it in the run's temporary folder that both workers share (the parent of each worker's own), while
+    the other waits on a lock; then both read it."""
+    run_folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_folder = run_folder.parent
+    folder = run_folder / name
     made = folder.with_name(name + ".made")  # beside the folder: tests list what the folder holds
     with open(folder.with_name(name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
