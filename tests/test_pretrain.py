@@ -582,7 +582,7 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
     assert finished.data.tags["git_commit"] == git_commit(ROOT) != "unknown"  # the copy Ray ran had no .git
 
 
-@pytest.mark.slow(seconds=80)
+@pytest.mark.slow(seconds=122)
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
 def test_two_workers_lose_a_node_resume_on_the_other_lower_the_loss_and_log_every_signal(tokenizer_dir, small_corpus,
