@@ -113,11 +113,14 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def attention_ops(preset: str, seq_len: int, batch: int, dropout_p: float, device: str | None = None) -> list[str]:
+def attention_ops(preset: str, seq_len: int, batch: int, dropout_p: float, device: str | None = None,
+                  repeats: int = 20, warmup: int = 2) -> list[str]:
     """What one call of our Triton attention dispatches besides its kernels, forward and backward, at the
     preset's main-encoder shape, as the encoder calls it (the bias's lookup for every distance built
     once per pass, outside the call): aten operators by kind, custom ops and kernel launches. Runs on a
-    GPU, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1), whose own copies are not counted."""
+    GPU, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1), whose own copies are not counted.
+    Then the host's time to issue a call and the cProfile of a call, over `repeats` calls each (after
+    `warmup`): under the interpreter a call takes about 0.35 s, so the counts alone need `repeats` 1."""
     dev = pick_device(device)
     cfg = bench_config(preset, "cocolm", dropout_p)[0].main
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -155,9 +158,9 @@ def attention_ops(preset: str, seq_len: int, batch: int, dropout_p: float, devic
             listed = "; ".join(f"{kind} {len(names)} ({', '.join(names)})" if names else f"{kind} 0"
                                for kind, names in counter.counts.items())
             lines.append(f"ops per call, {name}: kernel launches {len(launches)} ({', '.join(launches)}); {listed}")
-    host, wall = host_and_wall_seconds(lambda: call().backward(grad), dev, repeats=20, warmup=2)
+    host, wall = host_and_wall_seconds(lambda: call().backward(grad), dev, repeats=repeats, warmup=warmup)
     lines.append(f"host {1000 * host:.3f} ms to issue one call forward + backward, {1000 * wall:.3f} ms until done")
-    return lines + [python_profile(lambda: call().backward(grad), dev)]
+    return lines + [python_profile(lambda: call().backward(grad), dev, repeats=repeats)]
 
 
 def python_profile(call: Callable[[], object], device: torch.device, repeats: int = 20, rows: int = 30) -> str:

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the pretraining job's preset: its model, objective and vocabulary")
     parser.add_argument("--seq-len", type=at_least(2), default=128)
     parser.add_argument("--batch-size", type=at_least(1), default=8, help="sequences per step")
-    parser.add_argument("--steps", type=at_least(1), default=10, help="timed steps (with --attention-alone: timed calls)")
+    parser.add_argument("--steps", type=at_least(1), default=10, help="timed steps (with --attention-alone or --attention-ops: timed calls)")
     parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     dropout_p = 0.1 if args.attention_dropout is None else args.attention_dropout
     if args.attention_ops:
         print(f"attention ops: preset={args.preset} B={args.batch_size} T={args.seq_len} dropout={dropout_p}")
-        print("\n".join(attention_ops(args.preset, args.seq_len, args.batch_size, dropout_p, args.device)))
+        print("\n".join(attention_ops(args.preset, args.seq_len, args.batch_size, dropout_p, args.device,
+                                      repeats=args.steps, warmup=args.warmup)))
         return
     if args.compiles:
         print(compiles_line(args.preset, args.seq_len, args.variant, args.attention_dropout))

@@ -611,6 +611,7 @@ def test_a_call_dispatches_nothing_but_its_kernels_and_the_dropout_seed():
     encoder calls it: the forward draws its dropout seed; the backward computes nothing of its own (delta
     is the dQ kernel's, the bias of every distance the encoder's, once per pass). The two backward
     ops left are the harness's: `unbind`'s backward stacks dq, dk, dv, and the leaf's gradient is copied."""
-    forward, backward = attention_ops("tiny", 16, 1, 0.1, DEVICE.type)[:2]  # the kernel runs on CUDA or the interpreter
+    # the kernel runs on CUDA or the interpreter; one timed call: the counts are what this test reads
+    forward, backward = attention_ops("tiny", 16, 1, 0.1, DEVICE.type, repeats=1, warmup=0)[:2]
     assert "kernel launches 1 (forward); compute 1 (randint);" in forward
     assert "kernel launches 2 (dq, dkdv); compute 2 (stack, copy_);" in backward
