@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the pretraining job's preset: its model, objective and vocabulary")
     parser.add_argument("--seq-len", type=at_least(2), default=128)
     parser.add_argument("--batch-size", type=at_least(1), default=8, help="sequences per step")
-    parser.add_argument("--steps", type=at_least(1), default=10, help="timed steps (with --attention-alone or --attention-ops: timed calls)")
+    parser.add_argument("--steps", type=at_least(1), default=10,
+                        help="timed steps (with --attention-alone or --attention-ops: timed calls)")
     parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--variant", default="cocolm")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
