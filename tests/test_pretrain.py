@@ -29,7 +29,7 @@ from jobs.tracking import git_commit
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import available_presets, available_variants, from_yaml, resolve, to_yaml, with_vocab_size
-from jobs.pretraining.job import check_compile_toolchain, main, run
+from jobs.pretraining.job import check_compile_toolchain, run
 from jobs.pretraining.loop import LONG_SHARD, build_training, merged_precision, phase, resumed_seed
 from model import VARIANTS
 from model.corruption import random_batch
@@ -410,58 +410,6 @@ def checkpoint_recorded(storage: Path, step: int) -> bool:
     return any(name in p.read_text() for p in storage.glob("*/checkpoint_manager_snapshot.json"))
 
 
-@pytest.mark.slow(seconds=74)
-@pytest.mark.timeout(900)
-def test_a_killed_run_resumes_in_the_same_mlflow_run_and_recovers_from_an_injected_worker_failure(
-        ray_local, tokenizer_dir, small_corpus, home, monkeypatch):
-    """One run meets both faults, each resumed from its last checkpoint: its driver (and the Ray it started)
-    is killed after the step-5 checkpoint, the same command run again resumes in the same MLflow run, and
-    there rank 0 dies once at step 17 (jobs.faults), which Ray Train recovers from the step-15 checkpoint.
-
-    Also the job's fixed-shape path (train.fixed_shapes: every batch padded to one masked count; the
-    whole-step compile is left to tests/test_fixed_shapes.py), recorded in the run's params, and a long
-    phase (the last 10 steps on blocks of 256), resumed inside it after the failure."""
-    args = ["--preset", "tiny", *[x for o in tiny_overrides(
-        tokenizer_dir, "train.max_steps=20", "train.checkpoint_every=5", "train.fixed_shapes=true",
-        "train.long_steps=10", "data.long_seq_len=256", corpus=small_corpus) for x in ("--set", o)]]
-    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rk", dir="/tmp")}  # its own Ray, killed with it
-    driver = subprocess.Popen([sys.executable, "-m", "jobs.pretraining", *args], cwd=ROOT, env=env,
-                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 400
-        while not checkpoint_recorded(home / "ray_results", 5):
-            assert driver.poll() is None, "the driver ended before its first checkpoint"
-            assert time.time() < deadline, "no checkpoint within the time limit"
-            time.sleep(0.2)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-run
-        driver.wait()
-    monkeypatch.setenv(faults.ENV, json.dumps({"pretraining_step": 17}))  # rank 0 dies once at step 17
-    result = main(args)
-    assert result.status == "FINISHED" and result.checkpoint.endswith("checkpoint_step_00000020")
-    assert (home / "ray_results" / result.run_name / "injected_failure").exists()
-    client = MlflowClient(result.tracking_uri)
-    runs = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
-    assert [r.info.run_id for r in runs] == [result.run_id]  # the same MLflow run, not a second one
-    steps = [s for s, _ in history(client, result.run_id, "loss")]
-    assert sorted(set(steps)) == [5, 10, 15, 20]
-    # Logged before the kill and again after the resume: only the steps after the checkpoint it resumed from
-    # (a step killed between its log line and Ray Train's record of its checkpoint is one of them).
-    repeated = {s for s in steps if steps.count(s) > 1}
-    resumed_from = max(s for s in (0, 5, 10, 15) if s < min(repeated, default=20))
-    assert all(resumed_from < s <= resumed_from + 5 for s in repeated), steps
-    state = json.loads((Path(result.checkpoint) / "state.json").read_text())
-    assert (state["seq_len"], state["tokens_seen"]) == (256, 32 * (10 * 128 + 10 * 256))
-    assert state["batches_in_epoch"] == 2 * 10  # the long stream read once from its start: 10 steps of 2 micro-batches
-    params = client.get_run(result.run_id).data.params
-    assert (params["train.fixed_shapes"], params["train.compile_step"]) == ("True", "off")
-    tags = client.get_run(result.run_id).data.tags  # what ran, from the first log line on (the CPU: SDPA)
-    assert (tags[ATTENTION_TAG], tags[ATTENTION_FALLBACKS_TAG]) == (
-        "sdpa in training passes, sdpa in no-grad passes", "none")
-    assert tags[PRECISION_TAG] == "fp32"  # the tiny preset leaves train.bf16_on_cpu off
-    assert all(math.isfinite(v) for _, v in history(client, result.run_id, "lm_loss"))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(ray_local, tokenizer_dir, small_corpus, home):
@@ -523,20 +471,46 @@ def _status_without_token(url: str, timeout: float = 60) -> int:
             time.sleep(1)
 
 
-@pytest.mark.slow(seconds=54)
+@pytest.mark.slow(seconds=85)
 @pytest.mark.ray_cluster
 @pytest.mark.timeout(900)
-def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
-    """`ray start --head`, `ray job submit --working-dir .`, `ray job logs`, `ray stop`: the README's local flow.
+def test_a_killed_run_resubmitted_as_a_ray_job_resumes_in_its_mlflow_run_and_recovers_from_a_worker_failure(
+        tokenizer_dir, small_corpus, home):
+    """One run meets both faults, each resumed from its last checkpoint: its driver (and the Ray it started)
+    is killed after the step-5 checkpoint; the same command, sent to a local cluster as the README's flow
+    does (`ray start --head`, `ray job submit --working-dir .` by jobs.submit, `ray job logs`), resumes in
+    the same MLflow run, and there rank 0 dies once at step 17 (jobs.faults, in the job's runtime env),
+    which Ray Train recovers from the step-15 checkpoint.
+
+    Also the job's fixed-shape path (train.fixed_shapes: every batch padded to one masked count; the
+    whole-step compile is left to tests/test_fixed_shapes.py), recorded in the run's params, and a long
+    phase (the last 10 steps on blocks of 256), resumed inside it after the failure.
 
     The README's `ray stop` ends every Ray of this user on the machine (a study beside the suite's too: one
-    was lost so), so the test ends only the Ray it started, by its folder. It shuts down the suite's
+    was lost so), so the test ends only the Rays it started, by their folders. It shuts down the suite's
     in-process Ray first (it starts again after the test: ray_cluster, conftest): the cluster it starts takes
     the machine's CPUs.
     """
     import ray
 
     ray.shutdown()
+    command = ["-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
+               "--corpus", str(small_corpus), *[x for o in (
+                   "train.warmup_steps=5", "train.log_every=5", "train.max_steps=20", "train.checkpoint_every=5",
+                   "train.fixed_shapes=true", "train.long_steps=10", "data.long_seq_len=256") for x in ("--set", o)]]
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rk", dir="/tmp")}  # its own Ray, killed with it
+    driver = subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 400
+        while not checkpoint_recorded(home / "ray_results", 5):
+            assert driver.poll() is None, "the driver ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint within the time limit"
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-run
+        driver.wait()
+
     ray_bin = Path(sys.executable).parent / "ray"
     # As the README's shell: RAY_AUTH_MODE=token exported (the token is the suite's, tests/conftest.py).
     env = as_a_users_shell({**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp"),
@@ -554,32 +528,51 @@ def test_ray_job_submit_end_to_end(tokenizer_dir, small_corpus, home):
     try:
         assert _status_without_token(f"{address}/api/jobs/") == 401  # the job API wants the token
         runtime_env = home.parent / "runtime_env.yaml"  # as platform/runtime_env.yaml, with this test's home
-        runtime_env.write_text(f"env_vars:\n  COCOLM_HOME: {home}\nexcludes:\n  - .venv/\n")
-        submit = _submit(
-            [sys.executable, "-m", "jobs.submit", "--address", address, "--runtime-env", str(runtime_env),
-             "--", sys.executable, "-m", "jobs.pretraining", "--preset", "tiny", "--tokenizer", str(tokenizer_dir),
-             "--corpus", str(small_corpus),
-             "--set", "train.max_steps=10", "--set", "train.checkpoint_every=10", "--set", "train.log_every=5"],
-            env,
-        )
+        plan = json.dumps({"pretraining_step": 17})  # rank 0 dies once at step 17
+        runtime_env.write_text(f"env_vars:\n  COCOLM_HOME: {home}\n  {faults.ENV}: '{plan}'\nexcludes:\n  - .venv/\n")
+        submit = _submit([sys.executable, "-m", "jobs.submit", "--address", address, "--runtime-env", str(runtime_env),
+                          "--", sys.executable, *command], env)
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
         assert "MLflow run id:" in submit.stdout and "succeeded" in submit.stdout
         job_id = next(line.split("'")[1] for line in submit.stdout.splitlines() if "submitted successfully" in line)
         logs = subprocess.run([ray_bin, "job", "logs", "--address", address, job_id], env=env,
                               capture_output=True, text=True, check=True)
-        assert "step 10/10" in logs.stdout
+        assert "(resuming) in experiment" in logs.stdout and "step 20/20" in logs.stdout
         # Without a terminal: our progress lines; no progress-bar frames, tips, error-level Ray internals,
         # deprecation warnings, ANSI colour codes, or advice to switch authentication off.
         # (The ANSI check is on the coloured worker prefix: `ray job logs` colours its own header line.)
-        for noise in ("row/s]", "Tip:", "PreemptionWatcher", "DeprecationWarning", "\x1b[36m(", "Progress bars disabled",
-                      "opt out"):
+        for noise in ("row/s]", "Tip:", "PreemptionWatcher", "DeprecationWarning", "\x1b[36m(",
+                      "Progress bars disabled", "opt out"):
             assert noise not in logs.stdout, noise
     finally:
         stop_processes_under(env["RAY_TMPDIR"])
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
-    (finished,) = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("pretraining").experiment_id])
+    assert len(runs) == 1  # the same MLflow run, not a second one
+    (finished,) = runs
     assert finished.info.status == "FINISHED"
     assert finished.data.tags["git_commit"] == git_commit(ROOT) != "unknown"  # the copy Ray ran had no .git
+    (run_dir,) = (home / "ray_results").glob("tiny-cocolm-*")
+    assert (run_dir / "injected_failure").exists()
+    last = max(run_dir.glob("checkpoint_step_*"))
+    assert last.name == "checkpoint_step_00000020"
+    steps = [s for s, _ in history(client, finished.info.run_id, "loss")]
+    assert sorted(set(steps)) == [5, 10, 15, 20]
+    # Logged before the kill and again after the resume: only the steps after the checkpoint it resumed from
+    # (a step killed between its log line and Ray Train's record of its checkpoint is one of them).
+    repeated = {s for s in steps if steps.count(s) > 1}
+    resumed_from = max(s for s in (0, 5, 10, 15) if s < min(repeated, default=20))
+    assert all(resumed_from < s <= resumed_from + 5 for s in repeated), steps
+    state = json.loads((last / "state.json").read_text())
+    assert (state["seq_len"], state["tokens_seen"]) == (256, 32 * (10 * 128 + 10 * 256))
+    assert state["batches_in_epoch"] == 2 * 10  # the long stream read once from its start: 10 steps of 2 micro-batches
+    params = finished.data.params
+    assert (params["train.fixed_shapes"], params["train.compile_step"]) == ("True", "off")
+    tags = finished.data.tags  # what ran, from the first log line on (the CPU: SDPA)
+    assert (tags[ATTENTION_TAG], tags[ATTENTION_FALLBACKS_TAG]) == (
+        "sdpa in training passes, sdpa in no-grad passes", "none")
+    assert tags[PRECISION_TAG] == "fp32"  # the tiny preset leaves train.bf16_on_cpu off
+    assert all(math.isfinite(v) for _, v in history(client, finished.info.run_id, "lm_loss"))
 
 
 @pytest.mark.slow(seconds=122)

@@ -28,7 +28,8 @@ COMMANDS = {
     r"^bash tests/system_packages\.sh && python3 -m venv": "the test command: .ci/run runs it as written",
     r"^export RAY_AUTH_MODE=token$|^ray get-auth-token|^ray start --head|^python -m jobs\.submit -- python -m "
     r"jobs\.pretraining --preset tiny|^ray job logs":
-        "tests/test_pretrain.py::test_ray_job_submit_end_to_end (the local cluster flow)",
+        "tests/test_pretrain.py::test_a_killed_run_resubmitted_as_a_ray_job_resumes_in_its_mlflow_run_and_recovers_"
+        "from_a_worker_failure (the local cluster flow)",
     r"^ray stop$": "Ray's own command; that test ends only the Ray it started (`ray stop` ends every Ray of the user)",
     r"^\(umask 077 && mkdir -p ~/\.ray|^ray up cluster\.yaml|^ray dashboard cluster\.yaml|^ray down cluster\.yaml|"
     r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH|^python -m jobs\.submit --runtime-env|"

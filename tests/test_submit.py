@@ -16,7 +16,8 @@ PASSWORD = "s3cret-mlflow-password-0123"
 
 # A stand-in for Ray's `ray` command, first on PATH: it records what `ps` would show (its argv) and the
 # runtime-env file it was handed (mode, folder mode, content). Ray itself is exercised end to end by
-# tests/test_pretrain.py::test_ray_job_submit_end_to_end.
+# tests/test_pretrain.py::test_a_killed_run_resubmitted_as_a_ray_job_resumes_in_its_mlflow_run_and_recovers_from_a_
+# worker_failure.
 RAY_STUB = textwrap.dedent("""\
     #!{python}
     import json, os, stat, sys
