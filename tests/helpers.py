@@ -8,6 +8,7 @@ import atexit
 import functools
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -182,14 +183,34 @@ def stop_processes_under(folder: str) -> None:
         time.sleep(0.5)
 
 
+RAY_WORKER_PORTS = range(10002, 20000)  # Ray's defaults for --min-worker-port and --max-worker-port
+
+
 def free_ports(count: int = 1) -> list[int]:
-    """`count` distinct TCP ports nothing on this machine listens on now (the OS's picks, all held at once
-    while picked), for a test's own servers."""
-    sockets = [socket.socket() for _ in range(count)]
+    """`count` distinct TCP ports nothing on this machine listens on now (all held at once while picked),
+    for a test's own servers. Drawn below the OS's ephemeral range, which every bind to port 0 draws from:
+    a Ray started right after binds its object manager so, and can take a port picked there and released;
+    its dashboard agent, given that port, then never listens, and every job is refused for want of an
+    agent. Above Ray's worker ports too."""
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    candidates = list(range(RAY_WORKER_PORTS.stop, ephemeral))
+    random.SystemRandom().shuffle(candidates)  # not the global generator, which a test may have seeded
+    sockets: list[socket.socket] = []
+    try:
+        for port in candidates:
+            sock = socket.socket()
+            try:
+                sock.bind(("", port))  # every address: a port held on any one of them is taken
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+            if len(sockets) == count:
+                return [sock.getsockname()[1] for sock in sockets]
+        raise RuntimeError(f"fewer than {count} free ports between {RAY_WORKER_PORTS.stop} and {ephemeral}")
     finally:
         for sock in sockets:
             sock.close()
