@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bench import gpu_report
-from bench.gpu_report import PLAN, Check, figures, run_plan, toy
+from bench.gpu_report import PLAN, Check, ToyForks, figures, run_plan, toy
 
 STEP_OUTPUT = """training step: preset=base seq_len=512 batch_size=32 attention_dropout=0.1
 ours (cocolm)
@@ -44,12 +44,16 @@ def test_toy_shapes_replace_the_shape_flags_and_keep_the_rest():
     assert toy(tests).argv == (*tests.argv, "--collect-only")
 
 
-def test_a_check_past_its_cap_is_killed_and_one_the_budget_cannot_fit_is_skipped(tmp_path):
+@pytest.mark.parametrize("forked", [False, True], ids=["python-m", "forked"])
+def test_a_check_past_its_cap_is_killed_and_one_the_budget_cannot_fit_is_skipped(tmp_path, forked):
     sleeper = ("timeit", "-n", "1", "-r", "1", "import time; time.sleep(30)")
-    checks = [Check("quick", ("this",), 10), Check("sleeps", sleeper, 2), Check("late", ("this",), 30)]
-    outcomes = run_plan(checks, tmp_path, budget_s=12, env={})
-    assert [o.status for o in outcomes] == ["exit 0", "timed out", "skipped (budget)"]
+    checks = [Check("quick", ("this",), 10), Check("sleeps", sleeper, 2), Check("late", ("this",), 30),
+              Check("fails", ("json.tool", "missing.json"), 10)]
+    outcomes = run_plan(checks, tmp_path, budget_s=12, env={}, forks=ToyForks({}) if forked else None)
+    assert [o.status for o in outcomes] == ["exit 0", "timed out", "skipped (budget)", "exit 2"]
     assert outcomes[1].seconds < 10 and "killed at its cap" in outcomes[1].log.read_text()
+    assert "Beautiful is better than ugly." in outcomes[0].log.read_text()  # the check's output, in its log
+    assert "missing.json" in outcomes[3].log.read_text()
 
 
 def test_an_unknown_check_is_one_usage_line():
@@ -58,9 +62,10 @@ def test_an_unknown_check_is_one_usage_line():
     assert result.returncode == 2 and "unknown checks ['nope']" in result.stderr.splitlines()[-1]
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow(seconds=50)
 def test_the_whole_plan_runs_at_toy_shapes_on_the_cpu(tmp_path):
-    # The plan as written, one check after the other, each in its own process. Not two halves at once:
+    # The plan as written, one check after the other, each in its own process (forked: bench.gpu_report.ToyForks;
+    # alone: 49 s and 58 core-s, against 87 s and 97 with a fresh `python -m` per check). Not two halves at once:
     # under `pytest -n 2` the other worker keeps the second core busy, and two halves beside it cost 22
     # core-seconds more than one (three processes on 2 cores: 127 against 100 core-s, measured alone).
     # A budget past the plan's: on a busy AVX2-only Zen 3 the plan takes minutes, and a check the default
