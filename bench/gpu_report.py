@@ -13,7 +13,7 @@ shows whether the GPU path works there. Needs only torch, transformers and pytes
 compiler's aot_eager backend, the Triton kernel under its interpreter), so a typo in the plan shows on
 a laptop and in the test suite, not in the first minutes on a GPU. There each check is forked from one
 process that imported torch, transformers, the bench and pytest once (`ToyForks`), instead of a fresh
-`python -m` that imports them again: at toy shapes the imports were about half of the plan's time.
+`python -m` that imports them again: at toy shapes the imports were 40% of the plan's CPU time.
 """
 
 from __future__ import annotations
