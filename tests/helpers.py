@@ -183,7 +183,7 @@ def stop_processes_under(folder: str) -> None:
         time.sleep(0.5)
 
 
-RAY_WORKER_PORTS = range(10002, 20000)  # Ray's defaults for --min-worker-port and --max-worker-port
+ABOVE_RAY_WORKER_PORTS = 20000  # Ray's default --max-worker-port is 19999 (--min-worker-port 10002)
 
 
 def free_ports(count: int = 1) -> list[int]:
@@ -196,7 +196,7 @@ def free_ports(count: int = 1) -> list[int]:
         ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral = 32768  # Linux's default
-    candidates = list(range(RAY_WORKER_PORTS.stop, ephemeral))
+    candidates = list(range(ABOVE_RAY_WORKER_PORTS, ephemeral))
     random.SystemRandom().shuffle(candidates)  # not the global generator, which a test may have seeded
     sockets: list[socket.socket] = []
     try:
@@ -210,7 +210,7 @@ def free_ports(count: int = 1) -> list[int]:
             sockets.append(sock)
             if len(sockets) == count:
                 return [sock.getsockname()[1] for sock in sockets]
-        raise RuntimeError(f"fewer than {count} free ports between {RAY_WORKER_PORTS.stop} and {ephemeral}")
+        raise RuntimeError(f"fewer than {count} free ports between {ABOVE_RAY_WORKER_PORTS} and {ephemeral}")
     finally:
         for sock in sockets:
             sock.close()
