@@ -139,8 +139,8 @@ class ToyForks:
             os.environ.clear()
             os.environ.update(saved)
 
-    def start(self, argv: tuple[str, ...], log: Path) -> "ForkedCheck":
-        process = self.context.Process(target=_forked_check, args=(argv, str(log)))
+    def start(self, argv: tuple[str, ...], log: Path, env: dict[str, str]) -> "ForkedCheck":
+        process = self.context.Process(target=_forked_check, args=(argv, str(log), env))
         process.start()
         return ForkedCheck(process)
 
@@ -158,9 +158,12 @@ class ForkedCheck:
         return self.process.exitcode
 
 
-def _forked_check(argv: tuple[str, ...], log: str) -> None:
-    """In the forked process: its own process group, its output to `log`, then `python -m argv` as run."""
+def _forked_check(argv: tuple[str, ...], log: str, env: dict[str, str]) -> None:
+    """In the forked process: its own process group, the check's environment (as `Popen(env=...)` gives it;
+    what the preloaded modules read at import is the server's), its output to `log`, then `python -m argv`."""
     os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
     out = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -179,7 +182,7 @@ def run_check(check: Check, log: Path, cap_s: float, env: dict[str, str], forks:
         if forks is None:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         else:
-            process = forks.start(check.argv, log)
+            process = forks.start(check.argv, log, env)
         try:
             status = f"exit {process.wait(timeout=cap_s)}"
         except subprocess.TimeoutExpired:

@@ -48,9 +48,11 @@ def test_toy_shapes_replace_the_shape_flags_and_keep_the_rest():
 def test_a_check_past_its_cap_is_killed_and_one_the_budget_cannot_fit_is_skipped(tmp_path, forked):
     sleeper = ("timeit", "-n", "1", "-r", "1", "import time; time.sleep(30)")
     checks = [Check("quick", ("this",), 10), Check("sleeps", sleeper, 2), Check("late", ("this",), 30),
-              Check("fails", ("json.tool", "missing.json"), 10)]
-    outcomes = run_plan(checks, tmp_path, budget_s=12, env={}, forks=ToyForks({}) if forked else None)
-    assert [o.status for o in outcomes] == ["exit 0", "timed out", "skipped (budget)", "exit 2"]
+              Check("fails", ("json.tool", "missing.json"), 10),
+              Check("plan-env", ("timeit", "-n", "1", "-r", "1", "import os; assert os.environ['PLAN'] == '1'"), 10)]
+    # A check gets the plan's environment, forked too: from a server that started without it (another plan's).
+    outcomes = run_plan(checks, tmp_path, budget_s=12, env={"PLAN": "1"}, forks=ToyForks({}) if forked else None)
+    assert [o.status for o in outcomes] == ["exit 0", "timed out", "skipped (budget)", "exit 2", "exit 0"]
     assert outcomes[1].seconds < 10 and "killed at its cap" in outcomes[1].log.read_text()
     assert "Beautiful is better than ugly." in outcomes[0].log.read_text()  # the check's output, in its log
     assert "missing.json" in outcomes[3].log.read_text()
