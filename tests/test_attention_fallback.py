@@ -38,7 +38,8 @@ from model.step import Interval, OptimizerConfig, TrainingStep, build_optimizer,
 from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG
 from jobs.pretraining.checkpoint import TrainState
 from jobs.pretraining.config import resolve, with_vocab_size
-from jobs.pretraining.loop import Logger, LoopContext
+from jobs.pretraining.context import LoopContext
+from jobs.pretraining.loop import Logger
 
 from interpreter import run_in_interpreter_child
 

@@ -19,7 +19,7 @@ from jobs.data.stream import build_stream, pretraining_batches
 from jobs.pretraining import job
 from jobs.pretraining.encoders import resolve_encoder
 from jobs.pretraining.job import init_config, resolve_init
-from jobs.pretraining.loop import LoopContext
+from jobs.pretraining.context import LoopContext
 from model.classifier import load_encoder
 from model.export import load_export
 

@@ -137,6 +137,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_storage_file_and
 
     from jobs.pretraining import loop
     from jobs.pretraining.config import to_yaml, with_vocab_size
+    from jobs.pretraining.context import LoopContext
 
     cfg = with_vocab_size(resolve("tiny", "cocolm", ["model.hidden_size=32", "model.ffn_size=64",
                                                      "model.num_layers=1"]), 300)
@@ -149,7 +150,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_storage_file_and
     monkeypatch.setattr(loop, "persist", persist)
     monkeypatch.setattr(loop, "broadcast_from_rank_zero", lambda data: broadcast.append(data) or data)
     monkeypatch.setattr(ray.train, "report", lambda *a, **k: pytest.fail("a checkpoint that was not written is reported"))
-    ctx = loop.LoopContext("run-a", "sqlite:///unused.db", "", storage="/s/run")
+    ctx = LoopContext("run-a", "sqlite:///unused.db", "", storage="/s/run")
     failure = loop.save_and_report(model, optimizer, scheduler, checkpoint.TrainState(step=5), cfg, ctx, rank=0)
     line = f"the checkpoint could not be written to storage /s/run: {named}"
     assert failure == line and broadcast == [line]

@@ -195,6 +195,30 @@ def test_the_modules_a_tune_trial_actor_imports_stay_light():
                             ["mlflow", "transformers", "huggingface_hub"]) == []
 
 
+def test_the_module_a_skip_counter_actor_imports_stays_light():
+    """Every corpus read starts a SkipCounter actor, whose process imports the module that defines it
+    (jobs.data.skips): Ray Data and pyarrow, which jobs.data.corpus needs, cost each a third of a core-second."""
+    assert heavy_imports_of(["jobs.data.skips"], ["ray.data", "pyarrow", "torch"]) == []
+
+
+def test_what_a_ray_train_controller_unpickles_stays_light():
+    """Ray Train's controller unpickles the loop's config (jobs.pretraining.job.loop_config), once a run on the
+    head node: the loop's module and PretrainConfig's bring MLflow, the model's backends and triton (a
+    core-second and about 115 MB more per run). The workers get the same config back (tests/test_pretrain.py)."""
+    import pickle
+
+    from jobs.pretraining.config import resolve
+    from jobs.pretraining.context import LoopContext
+    from jobs.pretraining.job import loop_config
+
+    config = pickle.dumps(loop_config(resolve("tiny"), LoopContext("run", "sqlite:///mlflow.db", "tokenizer")))
+    heavy = ["mlflow", "triton", "jobs.pretraining.config", "jobs.pretraining.loop"]
+    code = ("import pickle, sys\npickle.loads(sys.stdin.buffer.read())\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=config, capture_output=True, check=True)
+    assert ast.literal_eval(out.stdout.decode().strip()) == []
+
+
 def heavy_imports_of(modules: list[str], heavy: list[str]) -> list[str]:
     """Which of `heavy` a fresh Python has imported once it imported `modules`: what a Ray worker that
     unpickles objects of those modules pays for at its start."""

@@ -28,7 +28,8 @@ from jobs.tracking import git_commit
 
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
-from jobs.pretraining.config import available_presets, available_variants, from_yaml, resolve, to_yaml, with_vocab_size
+from jobs.pretraining.config import (available_presets, available_variants, from_dict, from_yaml, resolve, to_yaml,
+                                     with_vocab_size)
 from jobs.pretraining.job import check_compile_toolchain, run
 from jobs.pretraining.loop import LONG_SHARD, build_training, merged_precision, phase, resumed_seed
 from model import VARIANTS
@@ -69,6 +70,18 @@ def test_every_preset_resolves_with_every_variant():
     assert resolve("tiny", "crop_0.7").data.crop_fraction == 0.7
     assert resolve("base", "no_rel_pos").model.relative_position is False
     assert set(available_presets()) == {"tiny", "small", "study", "study-cpu", "base", "base++", "large++"}
+
+
+def test_a_config_comes_back_equal_from_its_plain_data_and_from_its_yaml():
+    """The Ray Train workers get the config as plain data (`jobs.pretraining.job.loop_config`), a resumed
+    run reads it from its config.yaml: each comes back as the config, the workers' with the credentials
+    in the corpus URIs that config.yaml redacts."""
+    uri = "s3://key:secret@bucket/corpus.jsonl"
+    for preset in available_presets():
+        for name in available_variants():
+            cfg = resolve(preset, name, [f"data.paths=['{uri}']", "train.seed=7"])
+            assert from_dict(cfg.to_dict()) == cfg and from_dict(cfg.to_dict()).data.paths == (uri,)
+            assert from_yaml(to_yaml(cfg)) == cfg.redacted() != cfg
 
 
 def test_yaml_variants_extend_a_built_in_one(tmp_path, monkeypatch):

@@ -22,8 +22,9 @@ import torch
 from jobs.cli import UserError
 from jobs.data import corpus as corpus_module
 from jobs.data.config import DataConfig
-from jobs.data.corpus import clean_text, read_documents, shipped_corpus, skip_summary
+from jobs.data.corpus import clean_text, read_documents, shipped_corpus
 from jobs.data.packing import pack
+from jobs.data.skips import skip_summary
 from jobs.data.stream import build_stream, corrupt, pretraining_batches
 from jobs.data.tokenizer import resolve_tokenizer
 from model.corruption import SpecialTokens
@@ -326,7 +327,8 @@ def test_a_job_started_in_the_background_by_a_script_reports_no_cancelled_file(t
     script = (
         "import time\n"
         "import ray\n"
-        "from jobs.data.corpus import read_documents, shipped_corpus, skip_summary\n"
+        "from jobs.data.corpus import read_documents, shipped_corpus\n"
+        "from jobs.data.skips import skip_summary\n"
         "ray.init(address='local', num_cpus=2, include_dashboard=False)\n"
         f"documents, counter = read_documents([{str(tmp_path / 'small.jsonl')!r}, *shipped_corpus()])\n"
         "time.sleep(8)  # a read started and not cancelled (SIGINT ignored) reports its file meanwhile\n"

@@ -19,8 +19,8 @@ import ray
 
 from jobs.cli import Range, UserError, option, parse_options, redact, run_main
 from jobs.data.config import DataConfig
-from jobs.data.corpus import skip_summary
 from jobs.data.blocks_folder import check_out_folder, save_blocks
+from jobs.data.skips import skip_summary
 from jobs.data.stream import build_stream, check_inputs
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer

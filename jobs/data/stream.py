@@ -70,7 +70,7 @@ from model.corruption import make_pretraining_batch
 
 class Stream(NamedTuple):
     blocks: ray.data.Dataset  # packed blocks, column input_ids (seq_len,) int32
-    skips: ray.actor.ActorHandle  # jobs.data.corpus.SkipCounter: `skip_summary(skips)` after an epoch
+    skips: ray.actor.ActorHandle  # jobs.data.skips.SkipCounter: `skip_summary(skips)` after an epoch
     tokenizer_dir: Path  # saved with checkpoints; its vocabulary is the model's
     long_blocks: ray.data.Dataset | None = None  # the same documents in blocks of long_seq_len, if it is set
     special: SpecialTokens = SpecialTokens()  # the tokenizer's ids, which the blocks hold and corruption uses

@@ -23,7 +23,8 @@ import ray
 
 from jobs.cli import AT_LEAST_ONE, POSITIVE, Range, option, parse_options, run_main
 from jobs.data.config import DataConfig
-from jobs.data.corpus import corpus_paths, read_documents, skip_summary
+from jobs.data.corpus import corpus_paths, read_documents
+from jobs.data.skips import skip_summary
 from jobs.data.stream import build_stream, corrupt, corrupted
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.tokens import load_tokenizer

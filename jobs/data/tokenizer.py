@@ -39,7 +39,8 @@ from transformers.convert_slow_tokenizer import generate_merges
 
 from jobs.cli import AT_LEAST_ONE, OPEN_FRACTION, Range, UserError, option, parse_options, redact, run_main
 from jobs.data.config import DEFAULT_MAX_RECORD_CHARS, DataConfig
-from jobs.data.corpus import corpus_paths, expand_paths, is_uri, read_documents, shipped_corpus, skip_summary
+from jobs.data.corpus import corpus_paths, expand_paths, is_uri, read_documents, shipped_corpus
+from jobs.data.skips import skip_summary
 from jobs.ray_session import init_ray
 from jobs.tracking import check_tracking, end_run, experiment_id, log_params, private_files, private_folder
 

@@ -375,11 +375,16 @@ def to_yaml(cfg: PretrainConfig) -> str:
 def from_yaml(text: str) -> PretrainConfig:
     """A resolved config back from `to_yaml` (a checkpoint's config.yaml) into the same dataclasses,
     every key checked as `resolve` checks them: `from_yaml(to_yaml(cfg)) == cfg`."""
-    raw = load_yaml(text, "config.yaml")
+    return from_dict(load_yaml(text, "config.yaml"))
+
+
+def from_dict(raw: dict[str, Any], where: str = "config.yaml") -> PretrainConfig:
+    """A resolved config back from its plain data (`PretrainConfig.to_dict`, a parsed config.yaml), every
+    key checked as `resolve` checks them: `from_dict(cfg.to_dict()) == cfg`."""
     unknown = sorted(set(raw) - {"preset", "variant", "init_from", *SECTIONS})
     if unknown:
         raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, init_from, {', '.join(SECTIONS)}")
-    sections = {name: cls(**typed(cls, _migrated(name, raw.get(name) or {}), name, ranges_of(name), "config.yaml"))
+    sections = {name: cls(**typed(cls, _migrated(name, raw.get(name) or {}), name, ranges_of(name), where))
                 for name, cls in SECTIONS.items()}
     return PretrainConfig(preset=raw["preset"], variant=raw["variant"], init_from=raw.get("init_from") or "",
                           **sections)

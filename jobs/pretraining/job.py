@@ -37,10 +37,11 @@ from model.export import export_encoder
 
 from jobs import faults, tracking
 
-from jobs.data.corpus import SHIPPED, skip_summary
+from jobs.data.corpus import SHIPPED
 from jobs.data.stream import Stream, build_stream, check_inputs, ingest_config
 from jobs.data.tokenizer import resolve_tokenizer
 from jobs.data.schemes import load_scheme
+from jobs.data.skips import skip_summary
 from jobs.data.tokens import tokenizer_files
 from jobs.cli import AT_LEAST_ONE, NON_NEGATIVE, UserError, check_name, option, parse_options, redact
 from jobs.env import set_hermetic_env
@@ -50,8 +51,9 @@ from jobs.names import CHECKPOINT_TAG, KIND_PRETRAINING, KIND_TAG, PRETRAINING_E
 from jobs.pretraining import checkpoint
 from jobs.pretraining.config import (PretrainConfig, available_presets, parse_overrides, resolve, to_yaml,
                                     with_vocab_size)
-from jobs.pretraining.loop import (LONG_SHARD, STORAGE_FAILURE, InitWeights, LoopContext, check_aux_checkpoint,
-                                  check_step_options, train_loop_per_worker)
+from jobs.pretraining.context import LoopContext
+from jobs.pretraining.loop import (LONG_SHARD, STORAGE_FAILURE, InitWeights, check_aux_checkpoint, check_step_options,
+                                  train_loop_per_worker)
 from jobs.ray_session import init_ray
 
 
@@ -204,6 +206,13 @@ def _log_config(client: MlflowClient, run_id: str, cfg: PretrainConfig) -> None:
     client.log_text(run_id, to_yaml(cfg), "config.yaml")
 
 
+def loop_config(cfg: PretrainConfig, ctx: LoopContext) -> dict[str, Any]:
+    """Ray Train's `train_loop_config` for `train_loop_per_worker`: the config as plain data, and the
+    context. Ray Train's controller unpickles it too, so nothing in it may come from a heavy module
+    (`jobs.pretraining.context` says why)."""
+    return {"cfg": cfg.to_dict(), "ctx": ctx}
+
+
 def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracking_uri: str, storage: str,
          init: InitSource | None = None) -> str:
     """Ray Train's run of the loop; the final checkpoint's path. A stop the loop tagged (a non-finite loss,
@@ -221,7 +230,7 @@ def _fit(cfg: PretrainConfig, stream: Stream, run_id: str, run_name: str, tracki
                       special=stream.special, storage_error_step=plan.storage_error_step)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": cfg, "ctx": ctx},
+        train_loop_config=loop_config(cfg, ctx),
         scaling_config=ray.train.ScalingConfig(
             num_workers=(c.min_workers, c.workers) if c.min_workers < c.workers and c.min_workers else c.workers,
             use_gpu=c.gpus_per_worker > 0, resources_per_worker=resources,

@@ -39,27 +39,11 @@ from jobs.data.stream import pretraining_batches
 from jobs.names import ATTENTION_FALLBACKS_TAG, ATTENTION_TAG, CHECKPOINT_TAG, PRECISION_TAG, STOP_TAG
 from jobs.pretraining import checkpoint
 from jobs.pretraining.checkpoint import TrainState
-from jobs.pretraining.config import PretrainConfig, to_yaml
+from jobs.pretraining.config import PretrainConfig, from_dict, to_yaml
+from jobs.pretraining.context import LoopContext
 
 
 LONG_SHARD = "long"  # Ray Train's name for the stream of data.long_seq_len blocks (the job's datasets)
-
-
-@dataclass(frozen=True)
-class LoopContext:
-    """What the driver hands every worker besides the config."""
-
-    run_id: str
-    tracking_uri: str
-    tokenizer_dir: str
-    fail_at_step: int = 0  # fault injection (jobs.faults): rank 0 dies once at this step; 0 = never
-    failure_marker: str = ""  # file whose existence means the injected failure already happened
-    storage: str = ""  # the run's folder in checkpoint storage, named when a checkpoint cannot be written
-    # `--init-from`: a Ray object ref of the `InitWeights` a new run starts from (the object store carries them
-    # to workers on any node); None: a fresh initialisation
-    init_weights: Any = None
-    special: SpecialTokens = SpecialTokens()  # the tokenizer's ids (`Stream.special`): corruption and objective
-    storage_error_step: int = 0  # fault injection (jobs.faults): this step's checkpoint write fails; 0 = never
 
 
 @dataclass(frozen=True)
@@ -284,7 +268,7 @@ def _maybe_inject_failure(ctx: LoopContext, cfg: PretrainConfig, state: TrainSta
 
 
 def train_loop_per_worker(config: dict) -> None:
-    cfg: PretrainConfig = config["cfg"]
+    cfg: PretrainConfig = from_dict(config["cfg"])  # plain data: jobs.pretraining.job.loop_config
     ctx: LoopContext = config["ctx"]
     train_ctx = ray.train.get_context()
     rank, world_size = train_ctx.get_world_rank(), train_ctx.get_world_size()
