@@ -378,13 +378,13 @@ def from_yaml(text: str) -> PretrainConfig:
     return from_dict(load_yaml(text, "config.yaml"))
 
 
-def from_dict(raw: dict[str, Any], where: str = "config.yaml") -> PretrainConfig:
+def from_dict(raw: dict[str, Any]) -> PretrainConfig:
     """A resolved config back from its plain data (`PretrainConfig.to_dict`, a parsed config.yaml), every
     key checked as `resolve` checks them: `from_dict(cfg.to_dict()) == cfg`."""
     unknown = sorted(set(raw) - {"preset", "variant", "init_from", *SECTIONS})
     if unknown:
         raise UserError(f"unknown config section(s) {unknown}; known: preset, variant, init_from, {', '.join(SECTIONS)}")
-    sections = {name: cls(**typed(cls, _migrated(name, raw.get(name) or {}), name, ranges_of(name), where))
+    sections = {name: cls(**typed(cls, _migrated(name, raw.get(name) or {}), name, ranges_of(name), "config.yaml"))
                 for name, cls in SECTIONS.items()}
     return PretrainConfig(preset=raw["preset"], variant=raw["variant"], init_from=raw.get("init_from") or "",
                           **sections)
