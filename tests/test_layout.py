@@ -212,16 +212,13 @@ def test_what_a_ray_train_controller_unpickles_stays_light():
     from jobs.pretraining.job import loop_config
 
     config = pickle.dumps(loop_config(resolve("tiny"), LoopContext("run", "sqlite:///mlflow.db", "tokenizer")))
-    heavy = ["mlflow", "triton", "jobs.pretraining.config", "jobs.pretraining.loop"]
-    code = ("import pickle, sys\npickle.loads(sys.stdin.buffer.read())\n"
-            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=config, capture_output=True, check=True)
-    assert ast.literal_eval(out.stdout.decode().strip()) == []
+    assert heavy_imports_of(["pickle"], ["mlflow", "triton", "jobs.pretraining.config", "jobs.pretraining.loop"],
+                            then="pickle.loads(sys.stdin.buffer.read())", stdin=config) == []
 
 
-def heavy_imports_of(modules: list[str], heavy: list[str]) -> list[str]:
-    """Which of `heavy` a fresh Python has imported once it imported `modules`: what a Ray worker that
-    unpickles objects of those modules pays for at its start."""
-    code = f"import sys, {', '.join(modules)}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return ast.literal_eval(out.stdout.strip())
+def heavy_imports_of(modules: list[str], heavy: list[str], then: str = "", stdin: bytes = b"") -> list[str]:
+    """Which of `heavy` a fresh Python has imported once it imported `modules` (and ran `then`, which may read
+    `stdin`): what a Ray worker that unpickles objects of those modules pays for at its start."""
+    code = f"import sys, {', '.join(modules)}\n{then}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=stdin, capture_output=True, check=True)
+    return ast.literal_eval(out.stdout.decode().strip())

@@ -80,7 +80,8 @@ def test_a_config_comes_back_equal_from_its_plain_data_and_from_its_yaml():
     for preset in available_presets():
         for name in available_variants():
             cfg = resolve(preset, name, [f"data.paths=['{uri}']", "train.seed=7"])
-            assert from_dict(cfg.to_dict()) == cfg and from_dict(cfg.to_dict()).data.paths == (uri,)
+            back = from_dict(cfg.to_dict())
+            assert back == cfg and back.data.paths == (uri,)
             assert from_yaml(to_yaml(cfg)) == cfg.redacted() != cfg
 
 
