@@ -14,10 +14,12 @@ import signal
 import socket
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import torch
 from tokenizers import Tokenizer
 
 from jobs.names import (KIND_PRETRAINING, KIND_SWEEP, KIND_TAG, PRETRAINING_SEED_TAG, PRETRAINING_TAG, SEED_STAT,
@@ -68,6 +70,23 @@ def tiny_encoder_config(tokenizer_dir: Path) -> EncoderConfig:
     vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
     return EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, embedding_size=32,
                          max_positions=64)
+
+
+class SimulatedTritonError(RuntimeError):
+    """What a kernel's probe raises in the fallback tests, as Triton's own errors did on an H100."""
+
+
+def assert_falls_back_to_sdpa(enc, ids, mask, backend: str, warning: str) -> None:
+    """`enc` set to `backend`, whose probe fails: its forward warns (`warning`, a regular expression) and equals
+    the SDPA forward, and the next one stays on SDPA without another warning."""
+    enc.set_attention("sdpa")
+    expected = enc(ids, mask)
+    enc.set_attention(backend)
+    with pytest.warns(RuntimeWarning, match=warning):
+        assert torch.equal(enc(ids, mask), expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(enc(ids, mask), expected)
 
 
 def sentiment_file(path: Path, n: int = 100) -> Path:
@@ -130,6 +149,15 @@ def pretraining_run_with_encoder(tmp_path: Path, exported: Path) -> tuple[str, M
     client.log_param(run_id, "preset", "tiny")
     client.set_terminated(run_id)
     return tracking_uri, client, run_id
+
+
+def sweep_inputs(tmp_path: Path, exported: Path, monkeypatch, grid: str) -> tuple[str, MlflowClient, str, Path]:
+    """What a sweep test starts from, in `tmp_path`: COCOLM_HOME there, a pretraining run holding the
+    `exported` encoder, and the grid file `grid` (its YAML text): (tracking URI, client, run id, grid path)."""
+    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
+    path = tmp_path / "grid.yaml"
+    path.write_text(grid)
+    return (*pretraining_run_with_encoder(tmp_path, exported), path)
 
 
 def fake_sweep_run(client: MlflowClient, exp: str, pretraining_run: str, scores: dict[str, float],

@@ -22,6 +22,8 @@ from model.backends.flex import (
 )
 from model.encoder import Encoder, compile_encoders
 
+from helpers import SimulatedTritonError, assert_falls_back_to_sdpa
+
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
@@ -208,10 +210,6 @@ def test_no_options_when_nothing_fits_and_none_off_cuda():
     assert device_flex_options(torch.device("cpu"), 64, torch.bfloat16, torch.float32) is None
 
 
-class SimulatedTritonError(RuntimeError):
-    pass
-
-
 def test_a_failing_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_attention_state):
     flex_works = fresh_attention_state.flex_works
     probes = []
@@ -249,15 +247,7 @@ def test_encoder_falls_back_to_sdpa_when_flex_fails_to_compile(fresh_attention_s
         raise SimulatedTritonError("out of resource: shared memory, Required: 311296 Hardware limit: 232448")
 
     monkeypatch.setattr(dispatch_module, "probe_flex", failing_probe)
-    enc = small_encoder(attention_dropout=0.0).eval()
-    ids, mask = padded_ids()
-    enc.set_attention("sdpa")
-    expected = enc(ids, mask)
-    enc.set_attention("flex")
-    with pytest.warns(RuntimeWarning, match="Hardware limit"):
-        fell_back = enc(ids, mask)
-    assert torch.equal(fell_back, expected)
-    assert torch.equal(enc(ids, mask), expected)  # and stays on SDPA, silently
+    assert_falls_back_to_sdpa(small_encoder(attention_dropout=0.0).eval(), *padded_ids(), "flex", "Hardware limit")
 
 
 # The fused kernels on a GPU: compiled flex in bf16 and fp32 (TF32 matmuls inside), at the bench's

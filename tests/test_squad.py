@@ -35,7 +35,7 @@ from jobs.finetuning import trial
 from jobs.finetuning.trial import TrialConfig, fine_tune, predict_answers, score, task_loss
 from jobs.data.tokens import load_tokenizer
 from jobs.names import best_task_metric
-from helpers import empty_store, pretraining_run_with_encoder, tiny_encoder_config
+from helpers import empty_store, sweep_inputs, tiny_encoder_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "squad_v2"
 WINDOWS = {"max_length": 64, "doc_stride": 16, "max_question_length": 16}  # several windows per paragraph
@@ -260,11 +260,9 @@ def test_a_trial_is_scored_as_the_official_evaluation_scores_its_predictions(tmp
 @pytest.mark.timeout(600)
 def test_a_squad_sweep_runs_two_learning_rates_by_five_seeds_and_tracks_them(ray_local, tmp_path, exported,
                                                                              monkeypatch):
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
-    grid = tmp_path / "squad.yaml"
-    grid.write_text("spaces:\n  s: {epochs: [1], lr: [1.0e-3, 3.0e-3], batch_size: [32], warmup: [0.1],\n"
-                    "      max_length: 64, doc_stride: 16, max_question_length: 16}\ntasks: {squad_v2: s}\n")
+    tracking_uri, client, pretraining_run, grid = sweep_inputs(
+        tmp_path, exported, monkeypatch, "spaces:\n  s: {epochs: [1], lr: [1.0e-3, 3.0e-3], batch_size: [32], "
+        "warmup: [0.1],\n      max_length: 64, doc_stride: 16, max_question_length: 16}\ntasks: {squad_v2: s}\n")
     result = run(SweepOptions(source=pretraining_run, tasks="squad_v2", data_dir=str(FIXTURE), grid=str(grid),
                               seeds=(0, 1, 2, 3, 4), tracking_uri=tracking_uri, storage=str(tmp_path / "ray")))
     summary = result.tables.summary

@@ -13,7 +13,10 @@ import pytest
 from jobs import faults
 from jobs.names import seed_scores
 from jobs.finetuning.sweep import SweepOptions, run
-from helpers import empty_store, pretraining_run_with_encoder, sentiment_file
+from helpers import empty_store, sentiment_file, sweep_inputs
+
+ONE_LR = ("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
+          "tasks: {default: t}\n")
 
 # ----------------------------------------------------------------------------- grids
 
@@ -63,11 +66,9 @@ def test_a_dry_run_prints_the_plan_first_and_runs_nothing(tmp_path, exported, ca
 @pytest.mark.timeout(420)
 def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, tmp_path, exported, monkeypatch,
                                                                    capfd):
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
-    grid = tmp_path / "two_lrs.yaml"
-    grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3, 3.0e-3], batch_size: [16], warmup: [0.1]}\n"
-                    "tasks: {default: t}\n")
+    tracking_uri, client, pretraining_run, grid = sweep_inputs(
+        tmp_path, exported, monkeypatch, "max_length: 32\nspaces:\n"
+        "  t: {epochs: [1], lr: [1.0e-3, 3.0e-3], batch_size: [16], warmup: [0.1]}\ntasks: {default: t}\n")
     monkeypatch.setenv(faults.ENV, json.dumps({"trials": {
         "sentiment-lr0.001-bs16-ep1-wu0.1-seed1": 1,  # fails once, the retry succeeds
         "sentiment-lr0.003-bs16-ep1-wu0.1-seed3": 2}}))  # fails every allowed attempt
@@ -115,11 +116,7 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
 def test_label_fractions_are_targets_of_their_own_with_nested_subsets(ray_local, tmp_path, exported, monkeypatch):
     """--label-fractions 0.2,1.0: every grid point and seed runs on 20% of the training labels and on all of
     them, and each fraction gets its own best point, parent metrics and task table row."""
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
-    grid = tmp_path / "one_lr.yaml"
-    grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
-                    "tasks: {default: t}\n")
+    tracking_uri, client, pretraining_run, grid = sweep_inputs(tmp_path, exported, monkeypatch, ONE_LR)
     result = run(SweepOptions(
         source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")), grid=str(grid),
         seeds=(0, 1, 2, 3, 4), label_fractions=(0.2, 1.0), tracking_uri=tracking_uri, storage=str(tmp_path / "ray")))
@@ -167,11 +164,7 @@ def test_an_interrupted_sweep_resumes_its_parent_and_runs_only_the_missing_trial
     from jobs.finetuning import sweep
     from jobs.tracking import holding_run
 
-    monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
-    tracking_uri, client, pretraining_run = pretraining_run_with_encoder(tmp_path, exported)
-    grid = tmp_path / "one_lr.yaml"
-    grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
-                    "tasks: {default: t}\n")
+    tracking_uri, client, pretraining_run, grid = sweep_inputs(tmp_path, exported, monkeypatch, ONE_LR)
     opts = SweepOptions(source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")),
                         grid=str(grid), seeds=(0, 1, 2), tracking_uri=tracking_uri, storage=str(tmp_path / "ray"))
 

@@ -39,6 +39,18 @@ def snli_trials(dev_by_lr: dict[float, list[float]], test_by_lr: dict[float, lis
     return results
 
 
+def logged_sweep(tmp_path, out) -> tuple[MlflowClient, str, str]:
+    """`out`'s tables logged to a finished sweep run in an empty store, as the sweep job does: the client,
+    the experiment and the run."""
+    uri = empty_store(tmp_path)
+    client = MlflowClient(uri)
+    exp = experiment_id(client, "study", uri)
+    sweep = client.create_run(exp, tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: "p1"}).info.run_id
+    log_tables(client, sweep, out)
+    client.set_terminated(sweep)
+    return client, exp, sweep
+
+
 def test_the_sweep_reports_test_scores_at_the_grid_point_dev_chose(tmp_path):
     """lr 1e-3 wins on dev, lr 5e-4 would win on test: the reported values are 1e-3's test scores, dev's
     sit beside them, and the readers (`sweep_scores`, `seed_scores`) get the test values and the split."""
@@ -51,12 +63,7 @@ def test_the_sweep_reports_test_scores_at_the_grid_point_dev_chose(tmp_path):
     assert (row["reported_median"], row["reported_min"], row["reported_max"]) == (0.51, 0.50, 0.53)
     assert "| SNLI | accuracy | test | 51.00 | 50.00 | 53.00 | 71.00 |" in out.markdown
 
-    uri = empty_store(tmp_path)
-    client = MlflowClient(uri)
-    exp = experiment_id(client, "study", uri)
-    sweep = client.create_run(exp, tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: "p1"}).info.run_id
-    log_tables(client, sweep, out)
-    client.set_terminated(sweep)
+    client, exp, sweep = logged_sweep(tmp_path, out)
     metrics = client.get_run(sweep).data.metrics
     assert seed_scores(metrics, "SNLI") == {0: 0.50, 1: 0.53, 2: 0.51}  # what the claims read: test values
     assert dev_seed_scores(metrics, "SNLI") == {0: 0.70, 1: 0.71, 2: 0.72}
@@ -74,12 +81,7 @@ def test_a_task_without_a_test_split_reports_dev_and_says_so(tmp_path):
                     for r in results], encoded, seeds=(0, 1, 2))
     row = out.table.iloc[0]
     assert row["split"] == "dev" and row["reported_median"] == row["score_median"] == 0.71
-    uri = empty_store(tmp_path)
-    client = MlflowClient(uri)
-    exp = experiment_id(client, "study", uri)
-    sweep = client.create_run(exp, tags={KIND_TAG: KIND_SWEEP, PRETRAINING_TAG: "p1"}).info.run_id
-    log_tables(client, sweep, out)
-    client.set_terminated(sweep)
+    client, exp, _ = logged_sweep(tmp_path, out)
     scores = sweep_scores(client, [exp]).iloc[0]
     assert scores["split"] == "dev" and scores["values"] == scores["dev_values"] == (0.70, 0.71, 0.72)
 
@@ -99,10 +101,7 @@ def test_the_grids_published_result_is_printed_and_logged_beside_the_median(tmp_
     plain = tabulate(rte_trials([0.86, 0.88, 0.90]), encoded, seeds=(0, 1, 2))
     assert "published" not in plain.markdown and "gap" not in plain.table.columns  # no published: as before
 
-    uri = empty_store(tmp_path)
-    client = MlflowClient(uri)
-    sweep = client.create_run(experiment_id(client, "study", uri), tags={KIND_TAG: KIND_SWEEP}).info.run_id
-    log_tables(client, sweep, out)
+    client, _, sweep = logged_sweep(tmp_path, out)
     metrics = client.get_run(sweep).data.metrics
     assert math.isclose(metrics[best_task_metric("RTE", "published")], 0.874)
     assert math.isclose(metrics[best_task_metric("RTE", "gap")], 0.88 - 0.874)

@@ -24,7 +24,6 @@ import inspect
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -46,6 +45,7 @@ from bench.attention import attention_ops
 from bench.steps import attention_line, run
 from model.encoder import Encoder
 
+from helpers import SimulatedTritonError, assert_falls_back_to_sdpa
 from interpreter import run_in_interpreter_child
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -547,10 +547,6 @@ def test_auto_picks_what_measured_fastest_and_the_kernel_runs_by_name():
     assert fallback_attention(cpu, dropout_active=False) == "sdpa"
 
 
-class SimulatedTritonError(RuntimeError):
-    pass
-
-
 def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_cause(fresh_triton_state, monkeypatch):
     """The encoder's side, on CPU: the probe is made to run here and to fail; the forward then equals
     the fallback's (SDPA here), no second probe or warning follows, and the bench line names the cause."""
@@ -563,16 +559,9 @@ def test_a_failing_triton_probe_falls_back_once_with_one_warning_naming_the_caus
 
     monkeypatch.setattr(dispatch_module, "probe_triton", failing_probe)
     enc = small_encoder().eval()
-    ids, mask = padded_ids()
-    enc.set_attention("sdpa")
-    expected = enc(ids, mask)
-    enc.set_attention("triton")
-    with pytest.warns(RuntimeWarning, match="SimulatedTritonError: out of resource.*uses flex .* or SDPA"):
-        fell_back = enc(ids, mask)
-    assert torch.equal(fell_back, expected) and enc.attention_ran == {"training": "sdpa"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert torch.equal(enc(ids, mask), expected)  # stays on SDPA, silently
+    assert_falls_back_to_sdpa(enc, *padded_ids(), "triton",
+                              "SimulatedTritonError: out of resource.*uses flex .* or SDPA")
+    assert enc.attention_ran == {"training": "sdpa"}
     assert len(probes) == 1
     (shape, cause), = BACKENDS.probes.triton_failures().items()
     assert shape.seq_len == 40 and shape.padded and cause.startswith("SimulatedTritonError")
