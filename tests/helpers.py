@@ -1,6 +1,6 @@
 """What several test files share that is not a fixture: the tiny encoder, a user task, fake runs as the
-jobs log them. A plain module (`from helpers import ...`; pytest puts tests/ on the path), so conftest.py
-holds only fixtures and hooks."""
+jobs log them, a sweep's inputs, the attention fallback's check. A plain module (`from helpers import ...`;
+pytest puts tests/ on the path), so conftest.py holds only fixtures and hooks."""
 
 from __future__ import annotations
 
