@@ -65,6 +65,11 @@ def preset_configs(preset: str, variant_name: str = "cocolm") -> tuple[ModelConf
 WORDS = ["good", "fine", "great", "bad", "poor", "awful"]
 
 
+# A fine-tuning grid of one point (one epoch at lr 1e-3): the sweeps and studies that test bookkeeping, not search.
+ONE_POINT_GRID = ("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
+                  "tasks: {default: t}\n")
+
+
 def tiny_encoder_config(tokenizer_dir: Path) -> EncoderConfig:
     """The one tiny encoder of the fine-tuning and representation tests, sized to the test tokenizer."""
     vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from helpers import empty_store
+from helpers import ONE_POINT_GRID, empty_store
 
 from jobs.studies import probe
 from jobs.studies.ablate import finished_sweep, main
@@ -121,8 +121,7 @@ def test_an_interrupted_study_rerun_finishes_without_redoing_what_was_done(ray_l
     monkeypatch.setenv("COCOLM_HOME", str(tmp_path / "home"))
     uri = empty_store(tmp_path)
     grid = tmp_path / "one_point.yaml"
-    grid.write_text("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
-                    "tasks: {default: t}\n")
+    grid.write_text(ONE_POINT_GRID)
     argv = ["--preset", "tiny", "--variants", "cocolm", "--pretraining-seeds", "2", "--tracking-uri", uri,
             "--tasks", "snli", "--grid", str(grid), "--seeds", "1", "--max-train", "48", "--max-dev", "16",
             "--represent-pairs", "20", "--probe-pairs", "60",

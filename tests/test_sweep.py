@@ -13,10 +13,7 @@ import pytest
 from jobs import faults
 from jobs.names import seed_scores
 from jobs.finetuning.sweep import SweepOptions, run
-from helpers import empty_store, sentiment_file, sweep_inputs
-
-ONE_LR = ("max_length: 32\nspaces:\n  t: {epochs: [1], lr: [1.0e-3], batch_size: [16], warmup: [0.1]}\n"
-          "tasks: {default: t}\n")
+from helpers import ONE_POINT_GRID, empty_store, sentiment_file, sweep_inputs
 
 # ----------------------------------------------------------------------------- grids
 
@@ -116,7 +113,7 @@ def test_sweep_end_to_end_with_retries_incomplete_points_and_mlflow(ray_local, t
 def test_label_fractions_are_targets_of_their_own_with_nested_subsets(ray_local, tmp_path, exported, monkeypatch):
     """--label-fractions 0.2,1.0: every grid point and seed runs on 20% of the training labels and on all of
     them, and each fraction gets its own best point, parent metrics and task table row."""
-    tracking_uri, client, pretraining_run, grid = sweep_inputs(tmp_path, exported, monkeypatch, ONE_LR)
+    tracking_uri, client, pretraining_run, grid = sweep_inputs(tmp_path, exported, monkeypatch, ONE_POINT_GRID)
     result = run(SweepOptions(
         source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")), grid=str(grid),
         seeds=(0, 1, 2, 3, 4), label_fractions=(0.2, 1.0), tracking_uri=tracking_uri, storage=str(tmp_path / "ray")))
@@ -164,7 +161,7 @@ def test_an_interrupted_sweep_resumes_its_parent_and_runs_only_the_missing_trial
     from jobs.finetuning import sweep
     from jobs.tracking import holding_run
 
-    tracking_uri, client, pretraining_run, grid = sweep_inputs(tmp_path, exported, monkeypatch, ONE_LR)
+    tracking_uri, client, pretraining_run, grid = sweep_inputs(tmp_path, exported, monkeypatch, ONE_POINT_GRID)
     opts = SweepOptions(source=pretraining_run, tasks=str(sentiment_file(tmp_path / "sentiment.jsonl")),
                         grid=str(grid), seeds=(0, 1, 2), tracking_uri=tracking_uri, storage=str(tmp_path / "ray"))
 
